@@ -1,0 +1,279 @@
+//! The [`Communicator`] trait, its [`Capabilities`], and the typed [`CommunicatorExt`].
+
+use std::fmt;
+
+use crate::buffer::{BufferMut, BufferRef, MemoryLocation};
+use crate::dtype::{DType, Element, ReduceOp};
+use crate::error::{Error, Result};
+
+/// A collective operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Collective {
+    /// Reduce across ranks; every rank gets the result.
+    AllReduce,
+    /// Concatenate every rank's buffer in rank order; every rank gets the whole.
+    AllGather,
+    /// Reduce across ranks; rank `r` gets the `r`-th slice of the result.
+    ReduceScatter,
+    /// Copy the root's buffer to every rank.
+    Broadcast,
+    /// Wait until every rank has arrived.
+    Barrier,
+}
+
+impl Collective {
+    /// Every collective, in a stable order.
+    pub const ALL: [Collective; 5] = [
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::Broadcast,
+        Collective::Barrier,
+    ];
+
+    /// Snake-case name (`all_reduce`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all_reduce",
+            Collective::AllGather => "all_gather",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::Broadcast => "broadcast",
+            Collective::Barrier => "barrier",
+        }
+    }
+
+    pub(crate) const fn code(self) -> u8 {
+        match self {
+            Collective::AllReduce => 0,
+            Collective::AllGather => 1,
+            Collective::ReduceScatter => 2,
+            Collective::Broadcast => 3,
+            Collective::Barrier => 4,
+        }
+    }
+}
+
+impl fmt::Display for Collective {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a backend can do. A call outside these gets [`Error::Unsupported`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Collectives implemented.
+    pub collectives: Vec<Collective>,
+    /// Element types accepted.
+    pub dtypes: Vec<DType>,
+    /// Reduction operators accepted.
+    pub ops: Vec<ReduceOp>,
+    /// Accepts host memory.
+    pub host_memory: bool,
+    /// Accepts CUDA device memory.
+    pub device_memory: bool,
+    /// Largest message, in bytes per rank, if bounded.
+    pub max_bytes: Option<usize>,
+    /// Calls may be recorded inside CUDA-graph capture.
+    pub graph_capture_safe: bool,
+    /// Named algorithms the backend can be asked for.
+    pub algorithms: Vec<String>,
+}
+
+impl Capabilities {
+    /// Everything, on host memory: what a complete host backend offers.
+    pub fn host_complete() -> Self {
+        Capabilities {
+            collectives: Collective::ALL.to_vec(),
+            dtypes: DType::ALL.to_vec(),
+            ops: ReduceOp::ALL.to_vec(),
+            host_memory: true,
+            device_memory: false,
+            max_bytes: None,
+            graph_capture_safe: false,
+            algorithms: Vec::new(),
+        }
+    }
+
+    /// Sets [`Self::algorithms`].
+    pub fn with_algorithms(mut self, algorithms: &[&str]) -> Self {
+        self.algorithms = algorithms.iter().map(|a| a.to_string()).collect();
+        self
+    }
+
+    /// Returns `Err(Unsupported)` unless this backend can run `collective` on `dtype` with
+    /// `op` over `bytes` per rank in memory at `location`.
+    pub fn check(
+        &self,
+        backend: &str,
+        collective: Collective,
+        dtype: DType,
+        op: Option<ReduceOp>,
+        bytes: usize,
+        location: MemoryLocation,
+    ) -> Result<()> {
+        let refuse = |why: String| Err(Error::Unsupported(format!("{backend}: {why}")));
+        if !self.collectives.contains(&collective) {
+            return refuse(format!("{collective} is not implemented"));
+        }
+        if collective != Collective::Barrier && !self.dtypes.contains(&dtype) {
+            return refuse(format!("dtype {dtype} is not supported"));
+        }
+        if let Some(op) = op {
+            if !self.ops.contains(&op) {
+                return refuse(format!("op {op} is not supported"));
+            }
+        }
+        if let Some(max) = self.max_bytes {
+            if bytes > max {
+                return refuse(format!("{bytes} bytes exceed the maximum of {max}"));
+            }
+        }
+        match location {
+            MemoryLocation::Host if !self.host_memory => {
+                refuse("host memory is not supported".into())
+            }
+            MemoryLocation::Device { .. } if !self.device_memory => {
+                refuse("device memory is not supported".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One rank's handle on a group of ranks that run collectives together.
+///
+/// Object safe: `comm-select` holds several as `Box<dyn Communicator>`. Every rank of the
+/// group must make the same sequence of calls with agreeing arguments; backends check this
+/// and return [`Error::Mismatch`] on every rank when they disagree. Results are bitwise
+/// identical on every rank. On GPU backends a call enqueues work on the buffers' stream
+/// and returns; on host backends it returns when this rank's result is complete.
+///
+/// Buffers are [`BufferRef`]/[`BufferMut`] views; [`CommunicatorExt`] adds typed slice
+/// methods.
+///
+/// ```
+/// use comm_core::{Communicator, CommunicatorExt, LocalComm, ReduceOp};
+///
+/// let handles: Vec<_> = LocalComm::create(4)
+///     .into_iter()
+///     .map(|comm| {
+///         std::thread::spawn(move || {
+///             let mut x = vec![comm.rank() as f32 + 1.0; 3];
+///             comm.all_reduce_in_place_slice(&mut x, ReduceOp::Sum).unwrap();
+///             x
+///         })
+///     })
+///     .collect();
+/// for h in handles {
+///     assert_eq!(h.join().unwrap(), vec![10.0; 3]);
+/// }
+/// ```
+pub trait Communicator: Send {
+    /// Backend name (`local`, `mpi`, `nccl`, ...).
+    fn name(&self) -> &str;
+
+    /// This rank, in `0..world_size()`.
+    fn rank(&self) -> usize;
+
+    /// Number of ranks.
+    fn world_size(&self) -> usize;
+
+    /// What this backend can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Reduces `send` across ranks into `recv` (same length and dtype).
+    fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()>;
+
+    /// Reduces `buf` across ranks in place.
+    fn all_reduce_in_place(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<()>;
+
+    /// Gathers every rank's `send` into `recv` (`world_size * send.len()`), in rank order.
+    fn all_gather(&self, send: BufferRef<'_>, recv: BufferMut<'_>) -> Result<()>;
+
+    /// Reduces `send` (`world_size * recv.len()` elements) across ranks; rank `r` receives
+    /// elements `r * recv.len() .. (r + 1) * recv.len()` of the result.
+    fn reduce_scatter(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()>;
+
+    /// Copies `buf` of rank `root` into `buf` of every other rank.
+    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<()>;
+
+    /// Returns once every rank has entered the barrier.
+    fn barrier(&self) -> Result<()>;
+}
+
+/// Typed conveniences over any [`Communicator`], by blanket impl.
+pub trait CommunicatorExt: Communicator {
+    /// [`Communicator::all_reduce`] on slices.
+    fn all_reduce_slice<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        self.all_reduce(BufferRef::host(send), BufferMut::host(recv), op)
+    }
+
+    /// [`Communicator::all_reduce_in_place`] on a slice.
+    fn all_reduce_in_place_slice<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.all_reduce_in_place(BufferMut::host(buf), op)
+    }
+
+    /// [`Communicator::all_gather`] into a new vector.
+    fn all_gather_vec<T: Element>(&self, send: &[T]) -> Result<Vec<T>> {
+        let mut out = vec![T::zeroed(); send.len() * self.world_size()];
+        self.all_gather(BufferRef::host(send), BufferMut::host(&mut out))?;
+        Ok(out)
+    }
+
+    /// [`Communicator::reduce_scatter`] into a new vector.
+    fn reduce_scatter_vec<T: Element>(&self, send: &[T], op: ReduceOp) -> Result<Vec<T>> {
+        let n = self.world_size();
+        if send.len() % n != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "reduce_scatter: send count {} is not divisible by world_size {n}",
+                send.len()
+            )));
+        }
+        let mut out = vec![T::zeroed(); send.len() / n];
+        self.reduce_scatter(BufferRef::host(send), BufferMut::host(&mut out), op)?;
+        Ok(out)
+    }
+
+    /// [`Communicator::broadcast`] on a slice.
+    fn broadcast_slice<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.broadcast(BufferMut::host(buf), root)
+    }
+}
+
+impl<C: Communicator + ?Sized> CommunicatorExt for C {}
+
+impl<C: Communicator + ?Sized> Communicator for Box<C> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn world_size(&self) -> usize {
+        (**self).world_size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+    fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        (**self).all_reduce(send, recv, op)
+    }
+    fn all_reduce_in_place(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        (**self).all_reduce_in_place(buf, op)
+    }
+    fn all_gather(&self, send: BufferRef<'_>, recv: BufferMut<'_>) -> Result<()> {
+        (**self).all_gather(send, recv)
+    }
+    fn reduce_scatter(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        (**self).reduce_scatter(send, recv, op)
+    }
+    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<()> {
+        (**self).broadcast(buf, root)
+    }
+    fn barrier(&self) -> Result<()> {
+        (**self).barrier()
+    }
+}
