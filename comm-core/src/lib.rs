@@ -28,6 +28,8 @@ pub mod conformance;
 pub mod dtype;
 pub mod error;
 mod exchange;
+#[cfg(feature = "mpi")]
+mod mpi_process;
 pub mod reduce;
 
 pub use backends::{BootstrapComm, LocalComm};
