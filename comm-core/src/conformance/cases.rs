@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::data::{self, Values};
+use super::data;
 use super::memory::TestMemory;
 use crate::communicator::{Collective, Communicator};
 use crate::dtype::{DType, ReduceOp};
@@ -123,10 +123,7 @@ impl Case {
                 } else {
                     0
                 };
-                let decoded: Vec<Values> =
-                    inputs.iter().map(|i| data::decode(self.dtype, i)).collect();
-                let reference =
-                    data::reduce(self.dtype, self.op, &decoded, start..start + recv_len);
+                let reference = data::reduce(self.dtype, self.op, &inputs, start..start + recv_len);
                 data::count_wrong(
                     self.dtype,
                     self.op,

@@ -128,69 +128,76 @@ pub(crate) struct Reference {
     pub(crate) magnitude: Vec<f64>,
 }
 
-/// Reduces every rank's input over `range` of elements, in f64 or exact integers.
+/// Element `i` of raw `dtype` bytes, as f64 (floats) or i128 (integers).
+fn float_at(dtype: DType, bytes: &[u8], i: usize) -> f64 {
+    let size = dtype.size();
+    let c = &bytes[i * size..(i + 1) * size];
+    match dtype {
+        DType::F32 => f32::from_le_bytes(c.try_into().unwrap()) as f64,
+        DType::F64 => f64::from_le_bytes(c.try_into().unwrap()),
+        DType::F16 => f16::from_le_bytes(c.try_into().unwrap()).to_f64(),
+        DType::BF16 => bf16::from_le_bytes(c.try_into().unwrap()).to_f64(),
+        _ => unreachable!("float_at on an integer dtype"),
+    }
+}
+
+fn int_at(dtype: DType, bytes: &[u8], i: usize) -> i128 {
+    let size = dtype.size();
+    let c = &bytes[i * size..(i + 1) * size];
+    match dtype {
+        DType::I32 => i32::from_le_bytes(c.try_into().unwrap()) as i128,
+        DType::I64 => i64::from_le_bytes(c.try_into().unwrap()) as i128,
+        DType::U8 => c[0] as i128,
+        _ => unreachable!("int_at on a float dtype"),
+    }
+}
+
+/// Reduces every rank's input (raw bytes, indexed by rank) over `range` of elements, in
+/// f64 or exact integers. Decodes on the fly: large cases hold no widened copies.
 pub(crate) fn reduce(
     dtype: DType,
     op: ReduceOp,
-    inputs: &[Values],
+    inputs: &[Vec<u8>],
     range: std::ops::Range<usize>,
 ) -> Reference {
     let n = inputs.len();
-    match &inputs[0] {
-        Values::Float(_) => {
-            let rows: Vec<&Vec<f64>> = inputs
-                .iter()
-                .map(|v| match v {
-                    Values::Float(f) => f,
-                    Values::Int(_) => unreachable!("one dtype per case"),
-                })
-                .collect();
-            let mut values = Vec::with_capacity(range.len());
-            let mut magnitude = Vec::with_capacity(range.len());
-            for i in range {
-                let xs = rows.iter().map(|r| r[i]);
-                let v = match op {
-                    ReduceOp::Sum => xs.sum(),
-                    ReduceOp::Avg => xs.sum::<f64>() / n as f64,
-                    ReduceOp::Prod => xs.product(),
-                    ReduceOp::Min => xs.fold(f64::INFINITY, f64::min),
-                    ReduceOp::Max => xs.fold(f64::NEG_INFINITY, f64::max),
-                };
-                values.push(v);
-                magnitude.push(rows.iter().map(|r| r[i].abs()).sum());
-            }
-            Reference {
-                values: Values::Float(values),
-                magnitude,
-            }
+    if dtype.is_float() {
+        let mut values = Vec::with_capacity(range.len());
+        let mut magnitude = Vec::with_capacity(range.len());
+        for i in range {
+            let xs = inputs.iter().map(|r| float_at(dtype, r, i));
+            let v = match op {
+                ReduceOp::Sum => xs.sum(),
+                ReduceOp::Avg => xs.sum::<f64>() / n as f64,
+                ReduceOp::Prod => xs.product(),
+                ReduceOp::Min => xs.fold(f64::INFINITY, f64::min),
+                ReduceOp::Max => xs.fold(f64::NEG_INFINITY, f64::max),
+            };
+            values.push(v);
+            magnitude.push(inputs.iter().map(|r| float_at(dtype, r, i).abs()).sum());
         }
-        Values::Int(_) => {
-            let rows: Vec<&Vec<i128>> = inputs
-                .iter()
-                .map(|v| match v {
-                    Values::Int(x) => x,
-                    Values::Float(_) => unreachable!("one dtype per case"),
-                })
-                .collect();
-            let values = range
-                .map(|i| {
-                    let xs = rows.iter().map(|r| r[i]);
-                    match op {
-                        ReduceOp::Sum => wrap(dtype, xs.fold(0i128, i128::wrapping_add)),
-                        ReduceOp::Prod => {
-                            wrap(dtype, xs.fold(1i128, |a, b| wrap(dtype, a.wrapping_mul(b))))
-                        }
-                        ReduceOp::Min => xs.min().unwrap(),
-                        ReduceOp::Max => xs.max().unwrap(),
-                        ReduceOp::Avg => xs.sum::<i128>() / n as i128,
-                    }
-                })
-                .collect();
-            Reference {
-                values: Values::Int(values),
-                magnitude: Vec::new(),
+        return Reference {
+            values: Values::Float(values),
+            magnitude,
+        };
+    }
+    let values = range
+        .map(|i| {
+            let xs = inputs.iter().map(|r| int_at(dtype, r, i));
+            match op {
+                ReduceOp::Sum => wrap(dtype, xs.fold(0i128, i128::wrapping_add)),
+                ReduceOp::Prod => {
+                    wrap(dtype, xs.fold(1i128, |a, b| wrap(dtype, a.wrapping_mul(b))))
+                }
+                ReduceOp::Min => xs.min().unwrap(),
+                ReduceOp::Max => xs.max().unwrap(),
+                ReduceOp::Avg => xs.sum::<i128>() / n as i128,
             }
-        }
+        })
+        .collect();
+    Reference {
+        values: Values::Int(values),
+        magnitude: Vec::new(),
     }
 }
 
@@ -297,11 +304,12 @@ mod tests {
 
     #[test]
     fn tolerance_accepts_rounding_and_rejects_real_errors() {
-        let inputs = vec![
-            Values::Float(vec![0.1, 1.0]),
-            Values::Float(vec![0.2, 2.0]),
-            Values::Float(vec![0.3, 3.0]),
-        ];
+        let bf16s = |v: [f64; 2]| {
+            v.iter()
+                .flat_map(|x| bf16::from_f64(*x).to_le_bytes())
+                .collect::<Vec<u8>>()
+        };
+        let inputs = vec![bf16s([0.1, 1.0]), bf16s([0.2, 2.0]), bf16s([0.3, 3.0])];
         let reference = reduce(DType::BF16, ReduceOp::Sum, &inputs, 0..2);
         let rounded = Values::Float(vec![bf16::from_f64(0.6).to_f64(), 6.0]);
         assert_eq!(
@@ -317,7 +325,7 @@ mod tests {
 
     #[test]
     fn integer_reference_wraps_like_the_dtype() {
-        let inputs = vec![Values::Int(vec![250, 7]), Values::Int(vec![10, 8])];
+        let inputs = vec![vec![250u8, 7], vec![10u8, 8]];
         let sum = reduce(DType::U8, ReduceOp::Sum, &inputs, 0..2);
         assert_eq!(sum.values, Values::Int(vec![4, 15]));
         let avg = reduce(DType::U8, ReduceOp::Avg, &inputs, 0..2);
