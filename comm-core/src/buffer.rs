@@ -137,9 +137,11 @@ impl<'a> BufferRef<'a> {
     /// The bytes of a host view; `None` for device memory.
     pub fn host_bytes(&self) -> Option<&'a [u8]> {
         match self.location {
-            // SAFETY: host views are only built from a live `&'a [T]` of `bytes()` bytes.
             MemoryLocation::Host => {
-                Some(unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.bytes()) })
+                // SAFETY: host views are only built from a live `&'a [T]` of `bytes()` bytes.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.bytes()) };
+                Some(bytes)
             }
             MemoryLocation::Device { .. } => None,
         }
@@ -266,9 +268,11 @@ impl<'a> BufferMut<'a> {
     /// The bytes of a host view; `None` for device memory.
     pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
         match self.location {
-            // SAFETY: host views are only built from a live `&'a mut [T]` of `bytes()` bytes.
             MemoryLocation::Host => {
-                Some(unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.bytes()) })
+                // SAFETY: host views are only built from a live `&'a mut [T]` of `bytes()` bytes.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.bytes()) };
+                Some(bytes)
             }
             MemoryLocation::Device { .. } => None,
         }

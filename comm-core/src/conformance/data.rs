@@ -261,13 +261,21 @@ pub(crate) fn count_wrong(
             .iter()
             .zip(want)
             .zip(&reference.magnitude)
-            .filter(|((g, w), m)| !((*g - *w).abs() <= allowed_error(dtype, op, n, **w, **m)))
+            .filter(|((g, w), m)| !within(**g, **w, allowed_error(dtype, op, n, **w, **m)))
             .count(),
         (Values::Int(got), Values::Int(want)) => {
             got.iter().zip(want).filter(|(g, w)| g != w).count()
         }
         _ => got_len(got).max(1),
     }
+}
+
+/// `got` is within `allowed` of `want`; NaN never is.
+fn within(got: f64, want: f64, allowed: f64) -> bool {
+    (got - want)
+        .abs()
+        .partial_cmp(&allowed)
+        .is_some_and(|o| o.is_le())
 }
 
 fn got_len(v: &Values) -> usize {
