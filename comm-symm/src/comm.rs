@@ -210,11 +210,11 @@ impl SymmComm {
         }
         self.heap.barrier(PHASE_CHANNEL)?;
         let all = (0..self.heap.world_size())
-            // SAFETY: after the barrier, peers' verdicts are complete and stable.
             .map(|r| {
-                decode_verdict(unsafe {
-                    self.peer_bytes(r, self.layout.verdict(half), DESCRIPTOR_BYTES)
-                })
+                // SAFETY: after the barrier, peers' verdicts are complete and stable.
+                let bytes =
+                    unsafe { self.peer_bytes(r, self.layout.verdict(half), DESCRIPTOR_BYTES) };
+                decode_verdict(bytes)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok((half, settle(verdict, &all)?))
