@@ -8,82 +8,39 @@
 //! once it has finished reading. Results are reduced in rank order from the same bytes on
 //! every rank, so they are bitwise identical everywhere.
 //!
-//! Algorithms for all-reduce:
+//! Algorithms for all-reduce ([`Algorithm`]; `lamport` lives in its own module):
 //! - `oneshot`: every rank reduces the whole message from all peers' areas;
 //! - `twoshot`: rank `r` reduces the `r`-th chunk into its result area, then, after a
 //!   second barrier, every rank copies the other chunks from the peers' result areas.
 //!   Each byte is reduced once instead of `n` times: better for large messages.
 
 use std::cell::Cell;
-use std::fmt;
-use std::str::FromStr;
 
 use comm_core::call::{CallDescriptor, DESCRIPTOR_BYTES, decode_verdict, encode_verdict, settle};
 use comm_core::reduce::reduce_host;
 use comm_core::{
-    Bootstrap, BufferMut, BufferRef, Capabilities, Communicator, Error, MemoryLocation, ReduceOp,
-    Result,
+    Bootstrap, BufferMut, BufferRef, Capabilities, Communicator, MemoryLocation, ReduceOp, Result,
 };
 
+use crate::algorithm::Algorithm;
 use crate::host::HostHeap;
+use crate::lamport::Lamport;
 
 /// Default largest message per rank and call.
 pub const DEFAULT_MAX_BYTES: usize = 64 << 20;
 
-/// Messages up to this size use `oneshot` under [`Algorithm::Auto`].
+/// Float messages up to this size use `lamport` under [`Algorithm::Auto`].
+const LAMPORT_AUTO_MAX_BYTES: usize = 64 << 10;
+/// Other messages up to this size use `oneshot` under [`Algorithm::Auto`].
 const ONESHOT_MAX_BYTES: usize = 256 << 10;
+/// Largest Lamport message; larger ones fall back to `oneshot`/`twoshot`.
+const LAMPORT_CAPACITY: usize = 1 << 20;
 
 /// Alignment of every area: a cache line.
 const ALIGN: usize = 64;
 
 const PHASE_CHANNEL: usize = 0;
 const RESULT_CHANNEL: usize = 1;
-
-/// An all-reduce algorithm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Algorithm {
-    /// `oneshot` for small messages, `twoshot` for large ones.
-    Auto,
-    /// Every rank reduces the whole message.
-    OneShot,
-    /// Reduce-scatter through the heap, then all-gather.
-    TwoShot,
-}
-
-impl Algorithm {
-    /// Every algorithm name, as accepted by [`FromStr`].
-    pub const NAMES: [&'static str; 3] = ["auto", "oneshot", "twoshot"];
-
-    fn name(self) -> &'static str {
-        match self {
-            Algorithm::Auto => "auto",
-            Algorithm::OneShot => "oneshot",
-            Algorithm::TwoShot => "twoshot",
-        }
-    }
-}
-
-impl fmt::Display for Algorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Algorithm {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "auto" => Ok(Algorithm::Auto),
-            "oneshot" | "one-shot" => Ok(Algorithm::OneShot),
-            "twoshot" | "two-shot" => Ok(Algorithm::TwoShot),
-            other => Err(Error::InvalidArgument(format!(
-                "unknown symm algorithm `{other}` (one of {})",
-                Algorithm::NAMES.join(", ")
-            ))),
-        }
-    }
-}
 
 /// Offsets inside one half of a rank's data area.
 #[derive(Debug, Clone, Copy)]
@@ -116,6 +73,7 @@ impl Layout {
 pub struct SymmComm {
     heap: HostHeap,
     layout: Layout,
+    lamport: Lamport,
     algorithm: Algorithm,
     calls: Cell<u64>,
 }
@@ -129,10 +87,16 @@ impl SymmComm {
     /// Collective: sets up the heap for messages up to `max_bytes` per rank.
     pub fn with_max_bytes(bootstrap: &dyn Bootstrap, max_bytes: usize) -> Result<Self> {
         let layout = Layout::new(max_bytes);
-        let heap = HostHeap::rendezvous(bootstrap, 2 * layout.half, 2)?;
+        let capacity = LAMPORT_CAPACITY.min(layout.max_bytes);
+        let lamport_bytes = Lamport::area_bytes(bootstrap.world_size(), capacity);
+        let heap = HostHeap::rendezvous(bootstrap, 2 * layout.half + lamport_bytes, 2)?;
+        let lamport = Lamport::new(&heap, 2 * layout.half, capacity);
+        // Peers may write into this rank's Lamport inboxes only once they are reset.
+        heap.barrier(PHASE_CHANNEL)?;
         Ok(SymmComm {
             heap,
             layout,
+            lamport,
             algorithm: Algorithm::Auto,
             calls: Cell::new(0),
         })
@@ -166,6 +130,41 @@ impl SymmComm {
         // SAFETY: in bounds by the layout; the peer wrote these bytes before the barrier
         // and will not write them again until this rank has reached the next barrier.
         unsafe { std::slice::from_raw_parts(self.area(rank, offset), len) }
+    }
+
+    /// This rank's verdict on its call, including what the backend supports.
+    fn checked(
+        &self,
+        verdict: Result<CallDescriptor>,
+        locations: &[MemoryLocation],
+    ) -> Result<CallDescriptor> {
+        verdict.and_then(|d| {
+            let caps = self.capabilities();
+            for &location in locations {
+                caps.check(
+                    "symm",
+                    d.collective,
+                    d.dtype,
+                    d.op,
+                    d.send_bytes(),
+                    location,
+                )?;
+            }
+            Ok(d)
+        })
+    }
+
+    /// The all-reduce algorithm for `bytes` of `dtype` (the same on every rank that agrees
+    /// on the call).
+    fn choose(&self, dtype: comm_core::DType, bytes: usize) -> Algorithm {
+        let lamport_ok = Lamport::supports(dtype) && bytes <= self.lamport.capacity();
+        match self.algorithm {
+            Algorithm::Auto if lamport_ok && bytes <= LAMPORT_AUTO_MAX_BYTES => Algorithm::Lamport,
+            Algorithm::Auto if bytes <= ONESHOT_MAX_BYTES => Algorithm::OneShot,
+            Algorithm::Auto => Algorithm::TwoShot,
+            Algorithm::Lamport if !lamport_ok => Algorithm::OneShot,
+            chosen => chosen,
+        }
     }
 
     /// Stages `input`, meets every rank, agrees on the call. Returns the half in use.
@@ -229,11 +228,7 @@ impl SymmComm {
 
     fn reduce_all(&self, half: usize, call: &CallDescriptor, out: &mut [u8]) -> Result<()> {
         let op = call.op.expect("reducing call");
-        let algorithm = match self.algorithm {
-            Algorithm::Auto if out.len() <= ONESHOT_MAX_BYTES => Algorithm::OneShot,
-            Algorithm::Auto => Algorithm::TwoShot,
-            chosen => chosen,
-        };
+        let algorithm = self.choose(call.dtype, out.len());
         let world = self.heap.world_size();
         if algorithm == Algorithm::OneShot || world == 1 {
             reduce_host(call.dtype, op, &self.inputs(half, 0, out.len()), out);
@@ -298,12 +293,30 @@ impl Communicator for SymmComm {
     fn all_reduce(&self, send: BufferRef<'_>, mut recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
         let verdict = CallDescriptor::all_reduce(&send, &recv, op);
         let locations = [send.location(), recv.location()];
+        if self.choose(send.dtype(), send.bytes()) == Algorithm::Lamport {
+            let verdict = self.checked(verdict, &locations);
+            let inbox =
+                self.lamport
+                    .post(&self.heap, &verdict, send.host_bytes().unwrap_or_default())?;
+            let out = recv.host_bytes_mut().unwrap_or_default();
+            return self.lamport.collect(&self.heap, verdict, inbox, out);
+        }
         let (half, call) = self.begin(verdict, send.host_bytes(), &locations)?;
         self.reduce_all(half, &call, recv.require_host("symm")?)
     }
 
     fn all_reduce_in_place(&self, mut buf: BufferMut<'_>, op: ReduceOp) -> Result<()> {
         let verdict = CallDescriptor::all_reduce_in_place(&buf, op);
+        if self.choose(buf.dtype(), buf.bytes()) == Algorithm::Lamport {
+            let verdict = self.checked(verdict, &[buf.location()]);
+            let inbox = self.lamport.post(
+                &self.heap,
+                &verdict,
+                buf.as_ref().host_bytes().unwrap_or_default(),
+            )?;
+            let out = buf.host_bytes_mut().unwrap_or_default();
+            return self.lamport.collect(&self.heap, verdict, inbox, out);
+        }
         let (half, call) = self.begin(verdict, buf.as_ref().host_bytes(), &[buf.location()])?;
         self.reduce_all(half, &call, buf.require_host("symm")?)
     }

@@ -10,13 +10,16 @@
 //! The host backing shares `memfd` segments between the processes (or threads) of one node,
 //! passing descriptors over Unix sockets (SCM_RIGHTS); nothing is named, so nothing is
 //! left behind when a process dies. [`SymmComm`] implements
-//! [`comm_core::Communicator`] on top of it, with one-shot and two-shot all-reduce.
+//! [`comm_core::Communicator`] on top of it, with one-shot, two-shot and Lamport (barrier-free) all-reduce.
 
 #![warn(missing_docs)]
 
+mod algorithm;
 mod comm;
 pub mod fdpass;
 pub mod host;
+mod lamport;
 
-pub use comm::{Algorithm, DEFAULT_MAX_BYTES, SymmComm};
+pub use algorithm::Algorithm;
+pub use comm::{DEFAULT_MAX_BYTES, SymmComm};
 pub use host::HostHeap;

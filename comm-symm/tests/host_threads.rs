@@ -38,14 +38,14 @@ fn conformance_with(world: usize, algorithm: Algorithm, config: Config) {
 }
 
 #[test]
-fn conformance_oneshot_and_twoshot() {
+fn conformance_every_algorithm() {
     let config = Config {
         large_count: Some(1 << 20),
         random_cases: 32,
         ..Config::default()
     };
     for world in [1, 2, 3, 4] {
-        for algorithm in [Algorithm::OneShot, Algorithm::TwoShot] {
+        for algorithm in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Lamport] {
             conformance_with(world, algorithm, config.clone());
         }
     }
@@ -122,4 +122,34 @@ fn a_thousand_rendezvous_cycles_leak_no_descriptors() {
         after <= before + 2,
         "descriptors grew from {before} to {after}"
     );
+}
+
+#[test]
+fn lamport_carries_the_sentinel_pattern_as_nan() {
+    use comm_core::{Communicator, CommunicatorExt, ReduceOp};
+    let results = on_threads(3, Duration::from_secs(10), |b| {
+        let mut comm = SymmComm::with_max_bytes(&b, 1 << 16).unwrap();
+        comm.set_algorithm(Algorithm::Lamport);
+        let mut out = Vec::new();
+        for round in 0..5 {
+            let mut x = vec![1.5f32 + comm.rank() as f32 + round as f32; 37];
+            if comm.rank() == 1 {
+                x[3] = f32::from_bits(u32::MAX);
+                x[4] = -0.0;
+            }
+            comm.all_reduce_in_place_slice(&mut x, ReduceOp::Sum)
+                .unwrap();
+            out.push(x);
+        }
+        out
+    });
+    for (round, x) in results[0].iter().enumerate() {
+        let want = 4.5 + 3.0 * round as f32 + 3.0;
+        assert!(x[3].is_nan(), "round {round}: {}", x[3]);
+        assert_eq!(x[4], want - (2.5 + round as f32), "round {round}");
+        assert_eq!(x[0], want, "round {round}");
+        for r in &results {
+            assert_eq!(r[round][0].to_bits(), x[0].to_bits());
+        }
+    }
 }

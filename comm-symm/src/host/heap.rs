@@ -138,8 +138,14 @@ impl HostHeap {
         }
     }
 
-    /// Tells `peer` that this rank has reached signal point `n` on `channel`: everything
-    /// this thread wrote before is visible to `peer` once its matching wait returns.
+    /// Marks the heap unusable after a wait of `after` for `what` expired; returns the error.
+    pub fn timed_out(&self, what: String, after: Duration) -> Error {
+        *self.broken.borrow_mut() = Some(format!("timed out after {after:?} waiting for {what}"));
+        Error::Timeout { what, after }
+    }
+
+    /// Sends `peer` the next signal on `channel`: everything this thread wrote before is
+    /// visible to `peer` once its matching [`Self::wait_signal`] returns.
     pub fn put_signal(&self, peer: usize, channel: usize) {
         let count = &self.sent[channel * self.world + peer];
         count.set(count.get() + 1);
@@ -164,13 +170,9 @@ impl HostHeap {
             std::thread::yield_now();
             let deadline = *deadline.get_or_insert_with(|| Instant::now() + timeout);
             if spins % 64 == 0 && Instant::now() >= deadline {
-                let what = format!("rank {peer} on signal channel {channel}");
-                *self.broken.borrow_mut() =
-                    Some(format!("timed out after {timeout:?} waiting for {what}"));
-                return Err(Error::Timeout {
-                    what,
-                    after: timeout,
-                });
+                return Err(
+                    self.timed_out(format!("rank {peer} on signal channel {channel}"), timeout)
+                );
             }
         }
         Ok(())
