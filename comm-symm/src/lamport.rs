@@ -144,19 +144,17 @@ impl Lamport {
             .collect();
         let settled = settle(verdict, &verdicts);
         if let Ok(call) = &settled {
-            for from in 0..self.world {
+            for (from, &bytes) in sent_bytes.iter().enumerate() {
                 let slot = self.slot(heap, me, inbox, from);
-                wait_data(heap, slot, call.dtype, sent_bytes[from], from, deadline)?;
+                wait_data(heap, slot, call.dtype, bytes, from, deadline)?;
             }
             fence(Ordering::Acquire);
             let sources: Vec<&[u8]> = (0..self.world)
-                // SAFETY: every sender finished writing this slot (no sentinel left, acquire
-                // fence above) and writes it again only after this rank's next call.
-                .map(|from| unsafe {
-                    std::slice::from_raw_parts(
-                        self.slot(heap, me, inbox, from).add(HEADER_BYTES),
-                        out.len(),
-                    )
+                .map(|from| {
+                    let data = self.slot(heap, me, inbox, from).wrapping_add(HEADER_BYTES);
+                    // SAFETY: every sender finished writing this slot (no sentinel left,
+                    // acquire fence above) and writes it again only after this rank's next call.
+                    unsafe { std::slice::from_raw_parts(data, out.len()) }
                 })
                 .collect();
             reduce_host(
