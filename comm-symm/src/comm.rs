@@ -74,7 +74,7 @@ pub struct SymmComm {
     heap: HostHeap,
     layout: Layout,
     lamport: Lamport,
-    algorithm: Algorithm,
+    algorithm: Cell<Algorithm>,
     calls: Cell<u64>,
 }
 
@@ -97,19 +97,19 @@ impl SymmComm {
             heap,
             layout,
             lamport,
-            algorithm: Algorithm::Auto,
+            algorithm: Cell::new(Algorithm::Auto),
             calls: Cell::new(0),
         })
     }
 
     /// Chooses the all-reduce algorithm (every rank must choose the same).
-    pub fn set_algorithm(&mut self, algorithm: Algorithm) {
-        self.algorithm = algorithm;
+    pub fn use_algorithm(&self, algorithm: Algorithm) {
+        self.algorithm.set(algorithm);
     }
 
     /// The all-reduce algorithm in use.
     pub fn algorithm(&self) -> Algorithm {
-        self.algorithm
+        self.algorithm.get()
     }
 
     /// The bound on waits for peers.
@@ -158,7 +158,7 @@ impl SymmComm {
     /// on the call).
     fn choose(&self, dtype: comm_core::DType, bytes: usize) -> Algorithm {
         let lamport_ok = Lamport::supports(dtype) && bytes <= self.lamport.capacity();
-        match self.algorithm {
+        match self.algorithm.get() {
             Algorithm::Auto if lamport_ok && bytes <= LAMPORT_AUTO_MAX_BYTES => Algorithm::Lamport,
             Algorithm::Auto if bytes <= ONESHOT_MAX_BYTES => Algorithm::OneShot,
             Algorithm::Auto => Algorithm::TwoShot,
@@ -368,5 +368,10 @@ impl Communicator for SymmComm {
     fn barrier(&self) -> Result<()> {
         self.begin(Ok(CallDescriptor::barrier()), None, &[])
             .map(drop)
+    }
+
+    fn set_algorithm(&self, algorithm: Option<&str>) -> Result<()> {
+        self.use_algorithm(algorithm.map_or(Ok(Algorithm::Auto), str::parse)?);
+        Ok(())
     }
 }

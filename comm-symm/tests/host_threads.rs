@@ -27,8 +27,8 @@ fn on_threads<T: Send + 'static>(
 
 fn conformance_with(world: usize, algorithm: Algorithm, config: Config) {
     let reports = on_threads(world, Duration::from_secs(60), move |b| {
-        let mut comm = SymmComm::with_max_bytes(&b, 4 << 20).unwrap();
-        comm.set_algorithm(algorithm);
+        let comm = SymmComm::with_max_bytes(&b, 4 << 20).unwrap();
+        comm.use_algorithm(algorithm);
         conformance::run(&comm, &config)
     });
     for (rank, r) in reports.into_iter().enumerate() {
@@ -128,8 +128,8 @@ fn a_thousand_rendezvous_cycles_leak_no_descriptors() {
 fn lamport_carries_the_sentinel_pattern_as_nan() {
     use comm_core::{Communicator, CommunicatorExt, ReduceOp};
     let results = on_threads(3, Duration::from_secs(10), |b| {
-        let mut comm = SymmComm::with_max_bytes(&b, 1 << 16).unwrap();
-        comm.set_algorithm(Algorithm::Lamport);
+        let comm = SymmComm::with_max_bytes(&b, 1 << 16).unwrap();
+        comm.use_algorithm(Algorithm::Lamport);
         let mut out = Vec::new();
         for round in 0..5 {
             let mut x = vec![1.5f32 + comm.rank() as f32 + round as f32; 37];
