@@ -37,7 +37,7 @@ pub use backends::{BootstrapComm, LocalComm};
 pub use backends::MpiComm;
 #[cfg(feature = "mpi")]
 pub use bootstrap::MpiBootstrap;
-pub use bootstrap::{Bootstrap, EnvBootstrap, ThreadsBootstrap};
+pub use bootstrap::{Bootstrap, EnvBootstrap, LaunchInfo, ThreadsBootstrap};
 pub use buffer::{BufferMut, BufferRef, MemoryLocation, RawStream};
 pub use call::CallDescriptor;
 pub use communicator::{Capabilities, Collective, Communicator, CommunicatorExt};
