@@ -32,9 +32,9 @@ mod exchange;
 mod mpi_process;
 pub mod reduce;
 
-pub use backends::{BootstrapComm, LocalComm};
 #[cfg(feature = "mpi")]
 pub use backends::MpiComm;
+pub use backends::{BootstrapComm, LocalComm};
 #[cfg(feature = "mpi")]
 pub use bootstrap::MpiBootstrap;
 pub use bootstrap::{Bootstrap, EnvBootstrap, LaunchInfo, ThreadsBootstrap};
