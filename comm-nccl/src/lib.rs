@@ -1,0 +1,2 @@
+//! `comm-nccl`: the NCCL backend (placeholder).
+#![warn(missing_docs)]
