@@ -12,8 +12,8 @@
 //! ([`ThreadsBootstrap`]), environment variables plus a TCP store ([`EnvBootstrap`], which
 //! also understands `mpirun`), or MPI (feature `mpi`). Two host backends are always here:
 //! [`LocalComm`] (threads sharing memory) and, with feature `mpi`, `MpiComm`. The
-//! conformance suite (feature `conformance`) is the behaviour every backend must pass; it
-//! allocates through the object-safe [`Memory`] ([`HostMemory`], or `cuda::DeviceMemory`).
+//! conformance suite (feature `conformance`) is the behaviour every backend must pass; on a GPU
+//! backend it allocates through `cuda::DeviceMemory`.
 //!
 //! Feature `cuda` adds [`cuda`]: device probing that never panics, device buffers and
 //! views, bounded stream waits and the NVRTC kernel loader shared by the GPU backends.
@@ -32,7 +32,6 @@ pub mod cuda;
 pub mod dtype;
 pub mod error;
 mod exchange;
-pub mod memory;
 pub mod reduce;
 
 pub use backends::LocalComm;
@@ -47,4 +46,3 @@ pub use communicator::{Capabilities, Collective, Communicator, CommunicatorExt};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{BoxError, Error, Result};
 pub use half::{bf16, f16};
-pub use memory::{HostMemory, Memory, OwnedBuffer};
