@@ -1,0 +1,1 @@
+//! Benchmarks of the comm crates live in `benches/`; this library is empty.
