@@ -98,7 +98,8 @@ fn panel(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())?;
+        // Sizes are swept by powers of two: ticks there read as 1K, 4M rather than 9.8K.
+        .build_cartesian_2d((x0..x1).log_scale().base(2.0), (y0..y1).log_scale())?;
     chart
         .configure_mesh()
         .x_desc("message size (bytes)")
@@ -149,13 +150,17 @@ fn trim(v: f64, unit: &str) -> String {
     }
 }
 
+/// `1000`, `2.5`, `0.01`: enough decimals for the first significant digit.
 fn number_label(y: f64) -> String {
     if y >= 100.0 || y == y.round() {
         format!("{y:.0}")
     } else if y >= 1.0 {
         format!("{y:.1}")
+    } else if y > 0.0 {
+        let decimals = (-y.log10()).ceil() as usize;
+        format!("{y:.decimals$}")
     } else {
-        format!("{y:.2e}")
+        format!("{y}")
     }
 }
 
@@ -169,5 +174,8 @@ mod tests {
         assert_eq!(bytes_label(1024.0), "1K");
         assert_eq!(bytes_label(1536.0), "1.5K");
         assert_eq!(bytes_label((64u64 << 20) as f64), "64M");
+        assert_eq!(number_label(0.01), "0.01");
+        assert_eq!(number_label(0.1), "0.1");
+        assert_eq!(number_label(2.5), "2.5");
     }
 }

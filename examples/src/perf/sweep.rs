@@ -29,7 +29,7 @@ pub const DEFAULT_ITERS: usize = 20;
 pub const DEFAULT_WARMUP: usize = 5;
 /// Without `--iters`, sizes above this many bytes get proportionally fewer iterations, so
 /// that a default sweep up to 64 MiB takes seconds, not minutes, on a small host.
-const AUTO_ITERS_BYTES: u64 = 128 << 20;
+const AUTO_ITERS_BYTES: u64 = 1 << 30;
 /// The fewest timed iterations the automatic scaling gives.
 const MIN_AUTO_ITERS: usize = 3;
 
