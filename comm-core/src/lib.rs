@@ -11,8 +11,10 @@
 //! Ranks find each other through a [`Bootstrap`]: threads of one process
 //! ([`ThreadsBootstrap`]), environment variables plus a TCP store ([`EnvBootstrap`], which
 //! also understands `mpirun`), or MPI (feature `mpi`). Two host backends are always here:
-//! [`LocalComm`] (threads sharing memory) and, with feature `mpi`, `MpiComm`. The
-//! conformance suite (feature `conformance`) is the behaviour every backend must pass.
+//! [`LocalComm`] (threads sharing memory) and [`BootstrapComm`] (processes; data through
+//! the bootstrap, reduced in rank order); with feature `mpi`, `MpiComm` runs MPI's own
+//! collectives. The conformance suite (feature `conformance`) is the behaviour every
+//! backend must pass.
 
 #![warn(missing_docs)]
 
@@ -28,7 +30,7 @@ pub mod error;
 mod exchange;
 pub mod reduce;
 
-pub use backends::LocalComm;
+pub use backends::{BootstrapComm, LocalComm};
 #[cfg(feature = "mpi")]
 pub use backends::MpiComm;
 #[cfg(feature = "mpi")]
