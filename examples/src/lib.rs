@@ -1,9 +1,20 @@
-//! Runnable programs of the `comm` crates (see `src/bin`).
+//! `comm-examples`: the programs a user of `comm` runs first, and the pieces they share.
 //!
-//! [`all_kernel_sources`] is the workspace's kernel registry: every crate that keeps
-//! `.cu` files exports them as a list of [`KernelSource`]s, and this gathers the lists so
-//! that the `kernels` program can build each one for each arch.
+//! The main program is `allreduce-perf`, an all-reduce size sweep modelled on nccl-tests'
+//! `all_reduce_perf` (see [`perf`]). It runs every backend named in the [`backends`]
+//! registry, either as threads of one process ("in-process ranks") or, under `mpirun` or
+//! `torchrun`, one rank per process; [`launch`] decides which and starts the ranks.
+//! `hello` (in `examples/`) is the smallest program that uses the API.
+//!
+//! `kernels` builds every `.cu` of the workspace with NVRTC for a list of archs;
+//! [`all_kernel_sources`] is the registry it walks: every crate that keeps `.cu` files
+//! exports them as a list of [`KernelSource`]s, gathered here.
+
 #![warn(missing_docs)]
+
+pub mod backends;
+pub mod launch;
+pub mod perf;
 
 use comm_core::cuda::KernelSource;
 
