@@ -11,19 +11,13 @@
 //! Ranks find each other through a [`Bootstrap`]: threads of one process
 //! ([`ThreadsBootstrap`]), environment variables plus a TCP store ([`EnvBootstrap`], which
 //! also understands `mpirun`), or MPI (feature `mpi`). Two host backends are always here:
-<<<<<<< HEAD
-//! [`LocalComm`] (threads sharing memory) and, with feature `mpi`, `MpiComm`. The
-//! conformance suite (feature `conformance`) is the behaviour every backend must pass; on a GPU
-//! backend it allocates through `cuda::DeviceMemory`.
-//!
-//! Feature `cuda` adds [`cuda`]: device probing that never panics, device buffers and
-//! views, bounded stream waits and the NVRTC kernel loader shared by the GPU backends.
-=======
 //! [`LocalComm`] (threads sharing memory) and [`BootstrapComm`] (processes; data through
 //! the bootstrap, reduced in rank order); with feature `mpi`, `MpiComm` runs MPI's own
 //! collectives. The conformance suite (feature `conformance`) is the behaviour every
-//! backend must pass.
->>>>>>> perf
+//! backend must pass; a GPU backend runs it on `cuda::DeviceMemory`.
+//!
+//! Feature `cuda` adds `cuda`: device probing that never panics, device buffers and
+//! views, bounded stream waits and the NVRTC kernel loader shared by the GPU backends.
 
 #![warn(missing_docs)]
 

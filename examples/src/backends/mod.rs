@@ -42,13 +42,23 @@ impl Backend {
 
 /// Every backend compiled into this build, in the order they are measured by default.
 pub fn all() -> Vec<Backend> {
-    vec![Backend {
-        name: "local",
-        about: "threads of one process sharing memory (comm_core::LocalComm)",
-        modes: &[Mode::Threads],
-        default: true,
-        create: create_local,
-    }]
+    vec![
+        Backend {
+            name: "local",
+            about: "threads of one process sharing memory (comm_core::LocalComm)",
+            modes: &[Mode::Threads],
+            default: true,
+            create: create_local,
+        },
+        Backend {
+            name: "nccl",
+            about: "NCCL on device memory, one GPU per rank (comm_nccl::NcclComm)",
+            modes: &Mode::ALL,
+            // Needs a GPU and libnccl: measured when asked for.
+            default: false,
+            create: create_nccl,
+        },
+    ]
 }
 
 /// Looks a backend up by name; the error lists the known names.
@@ -84,6 +94,12 @@ fn create_local(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
     })?;
     let comm = group.take("local", ctx.rank(), LocalComm::create);
     Ok(Box::new(comm))
+}
+
+fn create_nccl(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    Ok(Box::new(comm_nccl::NcclComm::from_bootstrap(
+        &**ctx.bootstrap(),
+    )?))
 }
 
 #[cfg(test)]
