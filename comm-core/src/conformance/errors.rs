@@ -16,6 +16,9 @@ struct BadCall {
     send_len: usize,
     recv_len: usize,
     root: usize,
+    /// Present the send buffer as device memory (it is host memory, so a backend that
+    /// wrongly dereferences it cannot crash, but must still refuse it).
+    device_send: bool,
 }
 
 pub(super) fn run(suite: &Suite<'_>, report: &mut Report) -> Result<(), Failure> {
@@ -33,6 +36,7 @@ pub(super) fn run(suite: &Suite<'_>, report: &mut Report) -> Result<(), Failure>
         send_len,
         recv_len,
         root: 0,
+        device_send: false,
     };
 
     if n > 1 {
@@ -68,6 +72,7 @@ pub(super) fn run(suite: &Suite<'_>, report: &mut Report) -> Result<(), Failure>
             send_len: 4 * n + 1,
             recv_len: 4,
             root: 0,
+            device_send: false,
         });
     }
     if has(Collective::Broadcast) {
@@ -79,6 +84,7 @@ pub(super) fn run(suite: &Suite<'_>, report: &mut Report) -> Result<(), Failure>
             send_len: 8,
             recv_len: 8,
             root: n,
+            device_send: false,
         });
     }
     match DType::ALL.into_iter().find(|d| !suite.dtypes.contains(d)) {
@@ -95,6 +101,13 @@ pub(super) fn run(suite: &Suite<'_>, report: &mut Report) -> Result<(), Failure>
         None => report
             .skipped
             .push("unsupported op: the backend supports every op".into()),
+    }
+
+    if !suite.device_memory {
+        calls.push(BadCall {
+            device_send: true,
+            ..all_reduce("device memory on a host-only backend", dtype, 8, 8)
+        });
     }
 
     for call in &calls {
@@ -161,6 +174,21 @@ fn issue(suite: &Suite<'_>, call: &BadCall) -> Result<()> {
     recv.write(&vec![1; call.recv_len * call.dtype.size()])?;
     let out = recv.view_mut(0, call.recv_len);
     let comm = suite.comm;
+    if call.device_send {
+        let host = send.view(0, call.send_len);
+        // SAFETY: the address is live host memory of the stated size, so even a backend
+        // that wrongly dereferences it reads valid bytes.
+        let fake = unsafe {
+            crate::buffer::BufferRef::from_device_ptr(
+                host.addr() as u64,
+                call.send_len,
+                call.dtype,
+                0,
+                crate::buffer::RawStream::default(),
+            )
+        };
+        return comm.all_reduce(fake, out, call.op);
+    }
     let result = match call.collective {
         Collective::AllReduce => comm.all_reduce(send.view(0, call.send_len), out, call.op),
         Collective::ReduceScatter => comm.reduce_scatter(send.view(0, call.send_len), out, call.op),

@@ -202,6 +202,7 @@ pub(crate) struct Suite<'a> {
     pub(crate) collectives: Vec<Collective>,
     pub(crate) dtypes: Vec<DType>,
     pub(crate) ops: Vec<ReduceOp>,
+    pub(crate) device_memory: bool,
     max_bytes: Option<usize>,
     seq: Cell<u64>,
 }
@@ -228,6 +229,7 @@ impl<'a> Suite<'a> {
             collectives,
             dtypes: caps.dtypes.clone(),
             ops: caps.ops.clone(),
+            device_memory: caps.device_memory,
             max_bytes: caps.max_bytes,
             seq: Cell::new(0),
         })
