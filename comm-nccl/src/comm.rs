@@ -25,8 +25,8 @@ use crate::types::{nccl_dtype, nccl_op};
 /// [`Error::Aborted`].
 ///
 /// NCCL trusts its callers: ranks that disagree on a call's arguments are not detected
-/// (that would cost a host exchange per call and break graph capture); integer `Avg` is
-/// refused (see [`ReduceOp`]). NCCL refuses two ranks on one GPU.
+/// (that would cost a host exchange per call and break graph capture); `Avg` over several
+/// ranks is not offered (NCCL's integer mean wraps, see [`ReduceOp`]). NCCL refuses two ranks on one GPU.
 #[derive(Debug)]
 pub struct NcclComm {
     raw: RawComm,
@@ -233,6 +233,10 @@ impl Communicator for NcclComm {
             DType::U8,
         ];
         caps.ops = ReduceOp::ALL.to_vec();
+        if self.world_size > 1 {
+            // See `nccl_op`: NCCL's average is not the workspace's across ranks.
+            caps.ops.retain(|op| *op != ReduceOp::Avg);
+        }
         caps.host_memory = false;
         caps.device_memory = true;
         caps.graph_capture_safe = true;
@@ -242,7 +246,7 @@ impl Communicator for NcclComm {
     fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
         let call = CallDescriptor::all_reduce(&send, &recv, op)?;
         let op = Op::AllReduce {
-            op: nccl_op(op, call.dtype)?,
+            op: nccl_op(op, call.dtype, self.world_size)?,
         };
         self.run(
             call,
@@ -256,7 +260,7 @@ impl Communicator for NcclComm {
     fn all_reduce_in_place(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<()> {
         let call = CallDescriptor::all_reduce_in_place(&buf, op)?;
         let op = Op::AllReduce {
-            op: nccl_op(op, call.dtype)?,
+            op: nccl_op(op, call.dtype, self.world_size)?,
         };
         let at = place(buf.addr(), buf.location());
         self.run(call, op, at, at, buf.len())
@@ -276,7 +280,7 @@ impl Communicator for NcclComm {
     fn reduce_scatter(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
         let call = CallDescriptor::reduce_scatter(&send, &recv, op, self.world_size)?;
         let op = Op::ReduceScatter {
-            op: nccl_op(op, call.dtype)?,
+            op: nccl_op(op, call.dtype, self.world_size)?,
         };
         self.run(
             call,
@@ -300,7 +304,7 @@ impl Communicator for NcclComm {
         let stream = raw_stream(&self.barrier_stream);
         let ptr = self.barrier_buf.device_ptr();
         self.ctx.bind_to_thread().map_err(driver_error)?;
-        let sum = nccl_op(ReduceOp::Sum, DType::F32)?;
+        let sum = nccl_op(ReduceOp::Sum, DType::F32, self.world_size)?;
         // SAFETY: a 4-byte buffer of this device, owned by self, on our own stream.
         unsafe {
             self.raw.enqueue(

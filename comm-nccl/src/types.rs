@@ -17,20 +17,22 @@ pub(crate) fn nccl_dtype(dtype: DType) -> Result<ncclDataType_t, Error> {
     })
 }
 
-/// The NCCL op of `op` on `dtype`.
+/// The NCCL op of `op` on `dtype` in a world of `world_size` ranks.
 ///
-/// Integer `Avg` is refused: NCCL divides a wrapping sum, while the workspace defines the
-/// integer mean as exact (see [`ReduceOp`]); they differ whenever the sum overflows.
-pub(crate) fn nccl_op(op: ReduceOp, dtype: DType) -> Result<ncclRedOp_t, Error> {
+/// `Avg` across several ranks is refused for now: on integers NCCL divides a wrapping
+/// sum, while the workspace defines the integer mean as exact (see [`ReduceOp`]), and
+/// [`Capabilities`](comm_core::Capabilities) cannot say "avg on floats only". With one
+/// rank there is no sum, and NCCL's answer is exact for every dtype.
+pub(crate) fn nccl_op(op: ReduceOp, dtype: DType, world_size: usize) -> Result<ncclRedOp_t, Error> {
     Ok(match op {
         ReduceOp::Sum => ncclRedOp_t::ncclSum,
         ReduceOp::Prod => ncclRedOp_t::ncclProd,
         ReduceOp::Min => ncclRedOp_t::ncclMin,
         ReduceOp::Max => ncclRedOp_t::ncclMax,
-        ReduceOp::Avg if dtype.is_float() => ncclRedOp_t::ncclAvg,
+        ReduceOp::Avg if world_size == 1 => ncclRedOp_t::ncclAvg,
         ReduceOp::Avg => {
             return Err(Error::Unsupported(format!(
-                "nccl: avg on {dtype} (NCCL divides a wrapping sum; the exact integer mean is not available)"
+                "nccl: avg on {dtype} across ranks (NCCL's integer mean wraps; use sum and scale)"
             )));
         }
         other => return Err(Error::Unsupported(format!("nccl: op {other}"))),

@@ -275,20 +275,33 @@ fn two_gpus_conformance_with_threads() {
 #[ignore = "needs 2 GPUs"]
 fn two_gpus_an_absent_rank_times_out_and_aborts() {
     let bound = Duration::from_secs(2);
-    let mut ranks: Vec<_> = two_gpu_group(bound)
+    // Both ranks run one all-reduce first: NCCL connects peers lazily, inside the first
+    // call, and a peer that never made any call blocks that enqueue itself. The case this
+    // test is about is a peer that stops answering in the middle of a job.
+    let ranks: Vec<_> = two_gpu_group(bound)
         .into_iter()
         .map(|h| h.join().unwrap().unwrap())
+        .map(|(comm, memory)| {
+            std::thread::spawn(move || {
+                let mut buf = memory.alloc(DType::F32, 1024)?;
+                buf.poison(0)?;
+                comm.all_reduce_in_place(buf.view_mut(0, 1024)?, ReduceOp::Sum)?;
+                comm.synchronize(memory.raw_stream())?;
+                Ok::<_, Error>((comm, memory, buf))
+            })
+        })
         .collect();
-    let (comm, memory) = ranks.remove(0);
-    // Rank 1 never calls. Leak it: destroying a communicator whose peer is stuck could
-    // wait on that peer, which is not what this test is about.
+    let mut ranks: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
+    let (comm, memory, mut buf) = ranks.remove(0);
+    // Rank 1 never calls again. Leak it: destroying a communicator whose peer is stuck
+    // could wait on that peer, which is not what this test is about.
     std::mem::forget(ranks);
-    let mut buf = memory.alloc(DType::F32, 1024).unwrap();
-    buf.poison(0).unwrap();
     comm.all_reduce_in_place(buf.view_mut(0, 1024).unwrap(), ReduceOp::Sum)
         .unwrap();
     let err = comm.synchronize(memory.raw_stream()).unwrap_err();
     assert!(matches!(err, Error::Timeout { .. }), "{err}");
     let err = comm.barrier().unwrap_err();
     assert!(matches!(err, Error::Aborted(_)), "{err}");
+    // The aborted communicator and its buffers go last, after the stream is dead.
+    std::mem::forget((comm, buf));
 }
