@@ -22,14 +22,17 @@ pub(crate) fn nccl_dtype(dtype: DType) -> Result<ncclDataType_t, Error> {
 /// `Avg` across several ranks is refused for now: on integers NCCL divides a wrapping
 /// sum, while the workspace defines the integer mean as exact (see [`ReduceOp`]), and
 /// [`Capabilities`](comm_core::Capabilities) cannot say "avg on floats only". With one
-/// rank there is no sum, and NCCL's answer is exact for every dtype.
+/// rank the mean is the value itself.
 pub(crate) fn nccl_op(op: ReduceOp, dtype: DType, world_size: usize) -> Result<ncclRedOp_t, Error> {
     Ok(match op {
         ReduceOp::Sum => ncclRedOp_t::ncclSum,
         ReduceOp::Prod => ncclRedOp_t::ncclProd,
         ReduceOp::Min => ncclRedOp_t::ncclMin,
         ReduceOp::Max => ncclRedOp_t::ncclMax,
-        ReduceOp::Avg if world_size == 1 => ncclRedOp_t::ncclAvg,
+        // The mean of one value is that value: NCCL's sum of one rank is the same copy.
+        // Not ncclAvg: NCCL 2.28.3's single-rank average left the last element of an
+        // out-of-place f64 call of 4099 elements unwritten (seen on an H200, 2026-11-29).
+        ReduceOp::Avg if world_size == 1 => ncclRedOp_t::ncclSum,
         ReduceOp::Avg => {
             return Err(Error::Unsupported(format!(
                 "nccl: avg on {dtype} across ranks (NCCL's integer mean wraps; use sum and scale)"

@@ -51,13 +51,23 @@ fn element(dtype: DType, bytes: &[u8], i: usize) -> f64 {
 /// pattern under `seed`) that miss the host reference.
 fn wrong_on_host(dtype: DType, op: ReduceOp, seed: u64, world: u32, bytes: &[u8]) -> usize {
     let n = bytes.len() / dtype.size();
-    (0..n)
+    let wrong: Vec<usize> = (0..n)
         .filter(|&i| {
             let got = element(dtype, bytes, i);
             let (want, tol) = all_reduce_reference(dtype, op, seed, world, i as u64);
             !((got - want).abs() <= tol)
         })
-        .count()
+        .collect();
+    for &i in wrong.iter().take(4) {
+        let (want, tol) = all_reduce_reference(dtype, op, seed, world, i as u64);
+        let s = dtype.size();
+        eprintln!(
+            "{dtype} {op}: element {i} of {n} is {:e} (bytes {:02x?}), want {want:e} +- {tol:e}",
+            element(dtype, bytes, i),
+            &bytes[i * s..(i + 1) * s]
+        );
+    }
+    wrong.len()
 }
 
 #[test]
