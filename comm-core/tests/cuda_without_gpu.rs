@@ -42,7 +42,10 @@ fn device_entry_points_fail_cleanly_without_a_gpu() {
 fn nvrtc_builds_a_kernel_or_says_it_is_missing() {
     match compile(&FILL_CHECK, "sm_120") {
         Ok(Image::Cubin(bytes)) => assert!(bytes.len() > 1000),
-        Ok(other) => panic!("sm_120 must give a cubin, got {} bytes of PTX", other.bytes().len()),
+        Ok(other) => panic!(
+            "sm_120 must give a cubin, got {} bytes of PTX",
+            other.bytes().len()
+        ),
         Err(Error::LibraryMissing { name }) => {
             assert!(!flag("COMM_EXPECT_NVRTC"), "libnvrtc missing: {name}");
             assert!(name.contains("nvrtc"));
@@ -56,7 +59,16 @@ fn nvrtc_builds_a_kernel_or_says_it_is_missing() {
 fn a_bad_arch_is_an_error_with_nvrtcs_log() {
     match compile(&FILL_CHECK, "sm_1") {
         Err(Error::LibraryMissing { .. }) => assert!(!flag("COMM_EXPECT_NVRTC")),
-        Err(e) => assert!(matches!(e, Error::Backend { backend: "nvrtc", .. }), "{e}"),
+        Err(e) => assert!(
+            matches!(
+                e,
+                Error::Backend {
+                    backend: "nvrtc",
+                    ..
+                }
+            ),
+            "{e}"
+        ),
         Ok(_) => panic!("sm_1 compiled"),
     }
 }

@@ -84,9 +84,13 @@ fn run(replays: usize) -> Result<()> {
     comm.synchronize(memory.raw_stream())?;
     let mut wrong = 0;
     for (i, r) in recvs.iter().enumerate() {
-        wrong += kernels.check_all_reduce(r.view(0, COUNT)?, ReduceOp::Sum, 0x5eed ^ i as u64, 1)?;
+        wrong +=
+            kernels.check_all_reduce(r.view(0, COUNT)?, ReduceOp::Sum, 0x5eed ^ i as u64, 1)?;
     }
-    println!("# {CALLS} all-reduces of {COUNT} bf16 ({} B) per step, world 1, {replays} steps", COUNT * 2);
+    println!(
+        "# {CALLS} all-reduces of {COUNT} bf16 ({} B) per step, world 1, {replays} steps",
+        COUNT * 2
+    );
     for (name, t) in [("eager", eager), ("graph", graphed)] {
         println!(
             "{name:>6}: step {:>9.1} us   per all-reduce {:>7.2} us",
@@ -130,5 +134,7 @@ fn time_steps(
         .map(|w| w[0].elapsed_ms(&w[1]).map_err(driver_error))
         .collect::<Result<Vec<f32>>>()?;
     times.sort_by(f32::total_cmp);
-    Ok(Duration::from_secs_f64(f64::from(times[times.len() / 2]) / 1e3))
+    Ok(Duration::from_secs_f64(
+        f64::from(times[times.len() / 2]) / 1e3,
+    ))
 }

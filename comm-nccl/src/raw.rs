@@ -78,10 +78,8 @@ impl RawComm {
         };
         let mut comm: sys::ncclComm_t = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; the id came from ncclGetUniqueId on rank 0.
-        check(
-            unsafe { sys::ncclCommInitRank(&mut comm, world_size as i32, id, rank as i32) },
-            None,
-        )?;
+        let code = unsafe { sys::ncclCommInitRank(&mut comm, world_size as i32, id, rank as i32) };
+        check(code, None)?;
         Ok(RawComm {
             comm,
             aborted: Cell::new(false),
@@ -125,10 +123,8 @@ impl RawComm {
     pub(crate) fn async_error(&self) -> Result<(), Error> {
         let mut state = sys::ncclResult_t::ncclSuccess;
         // SAFETY: a live communicator and a valid out-pointer.
-        check(
-            unsafe { sys::ncclCommGetAsyncError(self.comm, &mut state) },
-            Some(self.comm),
-        )?;
+        let code = unsafe { sys::ncclCommGetAsyncError(self.comm, &mut state) };
+        check(code, Some(self.comm))?;
         match state {
             sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => Ok(()),
             other => Err(nccl_error(other, Some(self.comm))),

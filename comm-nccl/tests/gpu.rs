@@ -55,7 +55,9 @@ fn wrong_on_host(dtype: DType, op: ReduceOp, seed: u64, world: u32, bytes: &[u8]
         .filter(|&i| {
             let got = element(dtype, bytes, i);
             let (want, tol) = all_reduce_reference(dtype, op, seed, world, i as u64);
-            !((got - want).abs() <= tol)
+            // Written so that NaN never passes.
+            let ok = (got - want).abs() <= tol;
+            !ok
         })
         .collect();
     for &i in wrong.iter().take(4) {
@@ -98,7 +100,10 @@ fn fill_kernel_matches_its_host_mirror_and_check_kernel_counts_errors() {
         let got = buf.read().unwrap();
         let mut want = vec![0u8; n * dtype.size()];
         fill_host(dtype, seed, 3, &mut want);
-        assert!(got == want, "{dtype}: the fill kernel differs from the host pattern");
+        assert!(
+            got == want,
+            "{dtype}: the fill kernel differs from the host pattern"
+        );
         // Rank 0's data is the all-reduce of a world of one: nothing is wrong...
         kernels.fill(buf.view_mut(0, n).unwrap(), seed, 0).unwrap();
         let wrong = kernels
@@ -117,7 +122,10 @@ fn fill_kernel_matches_its_host_mirror_and_check_kernel_counts_errors() {
             .unwrap();
         let poisoned_ok = dtype == DType::U8 || dtype.is_float();
         if poisoned_ok {
-            assert!(wrong as usize >= n - n / 100, "{dtype}: only {wrong} flagged");
+            assert!(
+                wrong as usize >= n - n / 100,
+                "{dtype}: only {wrong} flagged"
+            );
         }
     }
     assert!(value(DType::F32, seed, 0, 0).abs() < 1.0);
@@ -150,19 +158,32 @@ fn every_collective_and_dtype_matches_the_host_reference() {
             let out = recv.read().unwrap();
             assert_eq!(wrong_on_host(dtype, op, s, 1, &out), 0, "{dtype} {op}");
             // In place.
-            settle(&comm, &memory, || comm.all_reduce_in_place(send.view_mut(0, n)?, op)).unwrap();
+            settle(&comm, &memory, || {
+                comm.all_reduce_in_place(send.view_mut(0, n)?, op)
+            })
+            .unwrap();
             let out = send.read().unwrap();
-            assert_eq!(wrong_on_host(dtype, op, s, 1, &out), 0, "{dtype} {op} in place");
+            assert_eq!(
+                wrong_on_host(dtype, op, s, 1, &out),
+                0,
+                "{dtype} {op} in place"
+            );
             let out = recv.read().unwrap();
-            assert_eq!(wrong_on_host(dtype, op, s, 1, &out), 0, "{dtype} {op} recv kept");
+            assert_eq!(
+                wrong_on_host(dtype, op, s, 1, &out),
+                0,
+                "{dtype} {op} recv kept"
+            );
         }
         // all_gather / reduce_scatter / broadcast of a world of one copy the input.
         let s = seed ^ 0x5eed ^ dtype as u64;
         kernels.fill(send.view_mut(0, n).unwrap(), s, 0).unwrap();
         let input = send.read().unwrap();
         recv.poison(0xff).unwrap();
-        settle(&comm, &memory, || comm.all_gather(send.view(0, n)?, recv.view_mut(0, n)?))
-            .unwrap();
+        settle(&comm, &memory, || {
+            comm.all_gather(send.view(0, n)?, recv.view_mut(0, n)?)
+        })
+        .unwrap();
         assert!(recv.read().unwrap() == input, "{dtype} all_gather");
         recv.poison(0xff).unwrap();
         settle(&comm, &memory, || {
@@ -201,7 +222,11 @@ fn graph_of_122_bf16_all_reduces_replays_100_times_correctly() {
     let mut recvs: Vec<DeviceOwned> = (0..CALLS).map(|_| alloc()).collect::<Result<_>>().unwrap();
     // Warm up outside the capture, so NCCL's lazy setup is not captured.
     settle(&comm, &memory, || {
-        comm.all_reduce(sends[0].view(0, COUNT)?, recvs[0].view_mut(0, COUNT)?, ReduceOp::Sum)
+        comm.all_reduce(
+            sends[0].view(0, COUNT)?,
+            recvs[0].view_mut(0, COUNT)?,
+            ReduceOp::Sum,
+        )
     })
     .unwrap();
 
@@ -227,7 +252,9 @@ fn graph_of_122_bf16_all_reduces_replays_100_times_correctly() {
         // buffers' current contents and write every element.
         let seed = |i: usize| base ^ ((replay * CALLS + i) as u64).wrapping_mul(0x9E37_79B9);
         for (i, (s, r)) in sends.iter_mut().zip(recvs.iter_mut()).enumerate() {
-            kernels.fill(s.view_mut(0, COUNT).unwrap(), seed(i), 0).unwrap();
+            kernels
+                .fill(s.view_mut(0, COUNT).unwrap(), seed(i), 0)
+                .unwrap();
             r.poison(0xff).unwrap();
         }
         graph.launch().map_err(driver_error).unwrap();
@@ -247,7 +274,9 @@ fn graph_of_122_bf16_all_reduces_replays_100_times_correctly() {
     assert_eq!(bad_device, 0);
 }
 
-fn two_gpu_group(timeout: Duration) -> Vec<std::thread::JoinHandle<Result<(NcclComm, DeviceMemory)>>> {
+fn two_gpu_group(
+    timeout: Duration,
+) -> Vec<std::thread::JoinHandle<Result<(NcclComm, DeviceMemory)>>> {
     ThreadsBootstrap::with_timeout(2, timeout)
         .into_iter()
         .map(|b| {
@@ -301,7 +330,10 @@ fn two_gpus_an_absent_rank_times_out_and_aborts() {
             })
         })
         .collect();
-    let mut ranks: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
+    let mut ranks: Vec<_> = ranks
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect();
     let (comm, memory, mut buf) = ranks.remove(0);
     // Rank 1 never calls again. Leak it: destroying a communicator whose peer is stuck
     // could wait on that peer, which is not what this test is about.

@@ -119,18 +119,22 @@ impl DeviceOwned {
     pub fn view(&self, offset: usize, len: usize) -> Result<BufferRef<'_>> {
         let addr = self.range(offset, len)?;
         // SAFETY: the range is inside the allocation, which the view borrows.
-        Ok(unsafe {
-            BufferRef::from_device_ptr(addr, len, self.dtype, self.ordinal(), self.raw())
-        })
+        Ok(
+            unsafe {
+                BufferRef::from_device_ptr(addr, len, self.dtype, self.ordinal(), self.raw())
+            },
+        )
     }
 
     /// A writable view of elements `offset .. offset + len`.
     pub fn view_mut(&mut self, offset: usize, len: usize) -> Result<BufferMut<'_>> {
         let addr = self.range(offset, len)?;
         // SAFETY: the range is inside the allocation, which the view borrows exclusively.
-        Ok(unsafe {
-            BufferMut::from_device_ptr(addr, len, self.dtype, self.ordinal(), self.raw())
-        })
+        Ok(
+            unsafe {
+                BufferMut::from_device_ptr(addr, len, self.dtype, self.ordinal(), self.raw())
+            },
+        )
     }
 
     fn ordinal(&self) -> i32 {
