@@ -10,9 +10,9 @@
 //! - [`DeviceBuffer`]: device memory from `cuMemAlloc` (IPC-shareable, unlike `cudarc`'s
 //!   stream-ordered pool), with host copies and [`BufferRef`](crate::BufferRef) /
 //!   [`BufferMut`](crate::BufferMut) views; views of `cudarc` `CudaSlice`s come from `From`.
-//! - [`DeviceMemory`]: a device and a stream behind the object-safe
-//!   [`Memory`](crate::memory::Memory) trait, so that the conformance suite and tools can
-//!   allocate, fill and read buffers without knowing where they live.
+//! - [`DeviceMemory`]: one device and one stream to allocate typed buffers on
+//!   ([`DeviceOwned`]); with feature `conformance` it is the suite's `TestMemory`, so
+//!   `conformance::run_with_memory(&comm, &DeviceMemory::new(0)?, &config)` runs on the GPU.
 //! - [`stream`]: raw stream handles and bounded waits (a wait that can give up).
 //! - [`kernels`]: the `.cu` registry ([`KernelSource`]), NVRTC compilation to cubin for the
 //!   running device's arch, and the memory + disk cache.
