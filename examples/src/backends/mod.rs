@@ -1,0 +1,127 @@
+//! The backend registry: every communicator `allreduce-perf` can measure, by name.
+//!
+//! A [`Backend`] is a name, a one-line description, the launch modes it can run in and a
+//! constructor. The constructor runs once per rank, on that rank's thread or process,
+//! and turns the rank's [`RankContext`] (its bootstrap, and in-process its thread group)
+//! into a `Box<dyn Communicator>`. Adding a backend is one entry in [`all`] and a
+//! constructor of a few lines; backends behind cargo features add their entry under the
+//! same `cfg`.
+
+mod context;
+
+use comm_core::{Communicator, Error, LocalComm, Result};
+
+pub use context::{RankContext, SharedBootstrap, ThreadGroup};
+
+use crate::launch::Mode;
+
+/// Builds one rank's communicator.
+pub type Constructor = fn(&RankContext) -> Result<Box<dyn Communicator>>;
+
+/// One entry of the registry.
+#[derive(Debug, Clone, Copy)]
+pub struct Backend {
+    /// The name users pass to `--backend`.
+    pub name: &'static str,
+    /// One line for `--help`.
+    pub about: &'static str,
+    /// Launch modes the backend can run in.
+    pub modes: &'static [Mode],
+    /// Whether it is measured when no `--backend` is given (in the modes it supports).
+    pub default: bool,
+    /// Builds one rank's communicator.
+    pub create: Constructor,
+}
+
+impl Backend {
+    /// True when the backend can run in `mode`.
+    pub fn runs_in(&self, mode: Mode) -> bool {
+        self.modes.contains(&mode)
+    }
+}
+
+/// Every backend compiled into this build, in the order they are measured by default.
+pub fn all() -> Vec<Backend> {
+    vec![
+        Backend {
+            name: "local",
+            about: "threads of one process sharing memory (comm_core::LocalComm)",
+            modes: &[Mode::Threads],
+            default: true,
+            create: create_local,
+        },
+        Backend {
+            name: "nccl",
+            about: "NCCL on device memory, one GPU per rank (comm_nccl::NcclComm)",
+            modes: &Mode::ALL,
+            // Needs a GPU and libnccl: measured when asked for.
+            default: false,
+            create: create_nccl,
+        },
+    ]
+}
+
+/// Looks a backend up by name; the error lists the known names.
+pub fn find(name: &str) -> std::result::Result<Backend, String> {
+    let backends = all();
+    backends
+        .iter()
+        .find(|b| b.name.eq_ignore_ascii_case(name))
+        .copied()
+        .ok_or_else(|| {
+            let known: Vec<&str> = backends.iter().map(|b| b.name).collect();
+            format!(
+                "unknown backend `{name}` (this build has: {})",
+                known.join(", ")
+            )
+        })
+}
+
+/// The backends measured in `mode` when the user names none.
+pub fn defaults(mode: Mode) -> Vec<Backend> {
+    all()
+        .into_iter()
+        .filter(|b| b.default && b.runs_in(mode))
+        .collect()
+}
+
+fn create_local(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    let group = ctx.thread_group().ok_or_else(|| {
+        Error::Unsupported(
+            "local: needs in-process ranks (run without a launcher, or use --bootstrap threads)"
+                .into(),
+        )
+    })?;
+    let comm = group.take("local", ctx.rank(), LocalComm::create);
+    Ok(Box::new(comm))
+}
+
+fn create_nccl(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    Ok(Box::new(comm_nccl::NcclComm::from_bootstrap(
+        &**ctx.bootstrap(),
+    )?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_found() {
+        let backends = all();
+        for b in &backends {
+            assert_eq!(find(b.name).unwrap().name, b.name);
+            assert_eq!(backends.iter().filter(|o| o.name == b.name).count(), 1);
+        }
+        let err = find("carrier-pigeon").unwrap_err();
+        assert!(err.contains("local"), "{err}");
+    }
+
+    #[test]
+    fn every_mode_with_defaults_runs_them() {
+        assert!(defaults(Mode::Threads).iter().any(|b| b.name == "local"));
+        for mode in [Mode::Threads, Mode::Env, Mode::Mpi] {
+            assert!(defaults(mode).iter().all(|b| b.runs_in(mode)));
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! `allreduce-perf`: all-reduce latency and bandwidth over a sweep of message sizes.
+//! See `allreduce-perf --help` and [`comm_examples::perf`].
+
+fn main() -> std::process::ExitCode {
+    comm_examples::perf::cli::main()
+}

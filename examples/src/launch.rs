@@ -1,0 +1,135 @@
+//! How the ranks of a run are started: threads of this process, or one process each.
+//!
+//! Without a launcher, [`run_threads`] starts N ranks as threads that meet through a
+//! `ThreadsBootstrap`. Under `mpirun` or `torchrun` every process is one rank, and
+//! [`process_context`] builds its bootstrap from the environment (or from MPI, in a
+//! build with feature `mpi`). [`Mode::detect`] picks the mode when the user does not.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use comm_core::{Bootstrap, Error, Result, ThreadsBootstrap};
+
+use crate::backends::{RankContext, ThreadGroup};
+
+/// How ranks find each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Ranks are threads of this process.
+    Threads,
+    /// Each process is a rank; environment variables + TCP store (torchrun, or mpirun's
+    /// variables without MPI linked in).
+    Env,
+    /// Each process is a rank; MPI (build with feature `mpi`).
+    Mpi,
+}
+
+impl Mode {
+    /// Every mode, in `--help` order.
+    pub const ALL: [Mode; 3] = [Mode::Threads, Mode::Env, Mode::Mpi];
+
+    /// The name accepted by `--bootstrap`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Mode::Threads => "threads",
+            Mode::Env => "env",
+            Mode::Mpi => "mpi",
+        }
+    }
+
+    /// True when each rank is its own process.
+    pub const fn is_multi_process(self) -> bool {
+        !matches!(self, Mode::Threads)
+    }
+
+    /// The mode to use when the user names none: threads unless a launcher started us;
+    /// under one, MPI when this build has it and `mpi` is among the `backends` asked for
+    /// (or none were named), else the environment.
+    pub fn detect(backends: &[String]) -> Mode {
+        if !launched() {
+            return Mode::Threads;
+        }
+        let wants_mpi = backends.is_empty() || backends.iter().any(|b| b == "mpi");
+        if cfg!(feature = "mpi") && wants_mpi {
+            Mode::Mpi
+        } else {
+            Mode::Env
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Mode {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Mode::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("unknown bootstrap `{s}` (expected threads, env or mpi)"))
+    }
+}
+
+/// True when a launcher (mpirun, torchrun, srun with PMI) started this process.
+pub fn launched() -> bool {
+    // Until comm-core's `LaunchInfo::detect` lands, read the launchers' own variables.
+    const SIZE_VARS: [&str; 4] = [
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_SIZE",
+        "WORLD_SIZE",
+    ];
+    SIZE_VARS.iter().any(|v| std::env::var_os(v).is_some())
+}
+
+/// Builds this process's rank context in a multi-process `mode`.
+pub fn process_context(mode: Mode) -> Result<RankContext> {
+    Ok(RankContext::process(mode, process_bootstrap(mode)?))
+}
+
+fn process_bootstrap(mode: Mode) -> Result<Arc<dyn Bootstrap>> {
+    match mode {
+        Mode::Threads => Err(Error::InvalidArgument(
+            "in-process ranks are started with run_threads".into(),
+        )),
+        Mode::Env => Err(Error::Unsupported(
+            "the env bootstrap is not in this build yet".into(),
+        )),
+        Mode::Mpi => Err(Error::Unsupported(
+            "this build has no MPI (rebuild with --features mpi)".into(),
+        )),
+    }
+}
+
+/// Runs `body` on `ranks` threads, each with its rank's context, and returns their
+/// results in rank order. A panic on any rank is resumed here.
+pub fn run_threads<R: Send>(
+    ranks: usize,
+    body: impl Fn(RankContext) -> R + Sync,
+) -> Result<Vec<R>> {
+    if ranks == 0 {
+        return Err(Error::InvalidArgument("need at least one rank".into()));
+    }
+    let group = ThreadGroup::new(ranks);
+    let body = &body;
+    std::thread::scope(|scope| {
+        let mut handles = Vec::with_capacity(ranks);
+        for (rank, bootstrap) in ThreadsBootstrap::create(ranks).into_iter().enumerate() {
+            let ctx = RankContext::threads(Arc::new(bootstrap), group.clone());
+            let handle = std::thread::Builder::new()
+                .name(format!("rank-{rank}"))
+                .spawn_scoped(scope, move || body(ctx))?;
+            handles.push(handle);
+        }
+        Ok(handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect())
+    })
+}

@@ -1,0 +1,247 @@
+//! The `allreduce-perf` program: parse the flags, pick the launch mode and backends,
+//! sweep each backend, print the tables and write the requested files.
+//!
+//! Exit status: 0 when every backend ran (and, with `--check`, every result was right),
+//! 1 when a backend failed or a result was wrong, 2 when the command line is bad. Only
+//! rank 0 prints and writes files; the other ranks of a multi-process run stay quiet.
+
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::args::{self, Args, Parsed, USAGE};
+use super::data::{checkable, mix64};
+use super::plot;
+use super::progress::Progress;
+use super::report::{self, Row, TableHeader};
+use super::sweep::{Event, SweepConfig, run_in_process, run_rank};
+use crate::backends::{self, Backend};
+use crate::launch::{Mode, process_context};
+
+/// In-process ranks when `--ranks` is not given.
+pub const DEFAULT_RANKS: usize = 4;
+
+/// Why the program stops early.
+#[derive(Debug)]
+pub enum CliError {
+    /// The command line cannot be run (exit 2).
+    Usage(String),
+    /// Something failed while running (exit 1).
+    Run(String),
+}
+
+/// Runs the program on the process's arguments.
+pub fn main() -> ExitCode {
+    let args = match args::parse(std::env::args_os().skip(1)) {
+        Ok(Parsed::Help) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Parsed::Run(args)) => args,
+        Err(e) => return usage_error(&e.0),
+    };
+    match run(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(CliError::Usage(msg)) => usage_error(&msg),
+        Err(CliError::Run(msg)) => {
+            eprintln!("allreduce-perf: error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn usage_error(msg: &str) -> ExitCode {
+    eprintln!("allreduce-perf: {msg}\n(see allreduce-perf --help)");
+    ExitCode::from(2)
+}
+
+/// Runs the sweeps `args` asks for. `Ok(false)` when a backend failed or a checked
+/// result was wrong.
+pub fn run(args: &Args) -> Result<bool, CliError> {
+    if args.list_backends {
+        for b in backends::all() {
+            let modes: Vec<&str> = b.modes.iter().map(|m| m.name()).collect();
+            println!("{:<12} {} [{}]", b.name, b.about, modes.join(", "));
+        }
+        return Ok(true);
+    }
+    let mode = args
+        .bootstrap
+        .unwrap_or_else(|| Mode::detect(&args.backends));
+    let selected = select(&args.backends, mode)?;
+    if args.check && !checkable(args.op) {
+        return Err(CliError::Usage(format!(
+            "--check does not know op {}",
+            args.op
+        )));
+    }
+    let process = if mode.is_multi_process() {
+        Some(process_context(mode).map_err(|e| CliError::Run(format!("{mode} bootstrap: {e}")))?)
+    } else {
+        None
+    };
+    let root = process.as_ref().is_none_or(|ctx| ctx.rank() == 0);
+    let ranks = match &process {
+        Some(ctx) => {
+            if root && args.ranks.is_some_and(|r| r != ctx.world_size()) {
+                eprintln!(
+                    "allreduce-perf: --ranks ignored: the launcher started {} ranks",
+                    ctx.world_size()
+                );
+            }
+            ctx.world_size()
+        }
+        None => args.ranks.unwrap_or(DEFAULT_RANKS),
+    };
+    let seed = match (&process, args.seed) {
+        (_, Some(seed)) => seed,
+        (None, None) => clock_seed(),
+        // Every rank must draw the same data: rank 0's clock decides.
+        (Some(ctx), None) => {
+            let mine = clock_seed().to_le_bytes();
+            let got = ctx
+                .bootstrap()
+                .broadcast_bytes(&mine, 0)
+                .map_err(|e| CliError::Run(format!("sharing the seed: {e}")))?;
+            u64::from_le_bytes(got.as_slice().try_into().unwrap_or(mine))
+        }
+    };
+    let cfg = SweepConfig {
+        sizes: args.sizes.clone(),
+        dtype: args.dtype,
+        op: args.op,
+        iters: args.iters,
+        warmup: args.warmup,
+        check: args.check,
+        in_place: args.in_place,
+        seed,
+    };
+    let progress = Progress::stderr();
+    let observe = |event: Event<'_>| {
+        if !root {
+            return;
+        }
+        match event {
+            Event::Starting {
+                backend,
+                index,
+                total,
+                bytes,
+            } => progress.starting(backend, index, total, bytes),
+            Event::Finished(row) => {
+                progress.clear();
+                println!("{}", report::format_row(row));
+            }
+        }
+    };
+    if root {
+        println!("# comm allreduce-perf {}", env!("CARGO_PKG_VERSION"));
+        if args.check {
+            println!("# seed: {seed} (--seed {seed} reproduces the checked data)");
+        }
+    }
+    let mut rows: Vec<Row> = Vec::new();
+    let mut ok = true;
+    for backend in &selected {
+        if root {
+            println!("#");
+            println!(
+                "{}",
+                report::header(&TableHeader {
+                    backend: backend.name,
+                    bootstrap: mode.name(),
+                    ranks,
+                    dtype: args.dtype.name(),
+                    op: args.op.name(),
+                    in_place: args.in_place,
+                    check: args.check,
+                })
+            );
+        }
+        let create = &backend.create;
+        let result = match &process {
+            None => run_in_process(backend.name, create, ranks, &cfg, &observe),
+            Some(ctx) => run_rank(ctx, backend.name, create, &cfg, &observe),
+        };
+        progress.clear();
+        match result {
+            Ok(got) => {
+                if root {
+                    println!("{}", report::footer(&got));
+                }
+                ok &= !got.iter().any(Row::failed);
+                rows.extend(got);
+            }
+            Err(e) => {
+                if root {
+                    eprintln!("allreduce-perf: backend {}: {e}", backend.name);
+                }
+                ok = false;
+            }
+        }
+    }
+    if root {
+        ok &= write_outputs(args, &rows);
+    }
+    Ok(ok)
+}
+
+/// The backends to run: those named (in order), or the mode's defaults.
+fn select(names: &[String], mode: Mode) -> Result<Vec<Backend>, CliError> {
+    if names.is_empty() {
+        let defaults = backends::defaults(mode);
+        if defaults.is_empty() {
+            return Err(CliError::Usage(format!(
+                "this build has no default backend for --bootstrap {mode}; name one with --backend"
+            )));
+        }
+        return Ok(defaults);
+    }
+    names
+        .iter()
+        .map(|name| {
+            let b = backends::find(name).map_err(CliError::Usage)?;
+            if !b.runs_in(mode) {
+                let modes: Vec<&str> = b.modes.iter().map(|m| m.name()).collect();
+                return Err(CliError::Usage(format!(
+                    "backend {} cannot run with --bootstrap {mode} (it runs with: {})",
+                    b.name,
+                    modes.join(", ")
+                )));
+            }
+            Ok(b)
+        })
+        .collect()
+}
+
+/// Writes JSON, CSV and the plot as asked; false if any could not be written.
+fn write_outputs(args: &Args, rows: &[Row]) -> bool {
+    let mut ok = true;
+    let mut report = |what: &str, path: &std::path::Path, r: std::io::Result<()>| match r {
+        Ok(()) => eprintln!("allreduce-perf: wrote {what} to {}", path.display()),
+        Err(e) => {
+            eprintln!(
+                "allreduce-perf: cannot write {what} to {}: {e}",
+                path.display()
+            );
+            ok = false;
+        }
+    };
+    if let Some(path) = &args.json {
+        report("JSON", path, report::write_json(path, rows));
+    }
+    if let Some(path) = &args.csv {
+        report("CSV", path, report::write_csv(path, rows));
+    }
+    if let Some(path) = &args.plot {
+        report("plot", path, plot::write_svg(path, rows));
+    }
+    ok
+}
+
+fn clock_seed() -> u64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    mix64(now ^ u64::from(std::process::id()))
+}

@@ -1,0 +1,414 @@
+//! The sweep one rank runs: for each size, warm up, time, optionally check, and gather.
+//!
+//! Every rank runs [`run_rank`] with its own communicator. Per size it fills its input,
+//! runs the warm-up calls, meets the others at a barrier, then times each call on its
+//! own clock and keeps the median. A checked run follows on fresh data with poisoned
+//! outputs. The ranks then exchange (median, #wrong, fingerprint) through the bootstrap,
+//! not through the communicator under test (a GPU backend may not take host memory),
+//! so every rank ends with the same [`Row`]: time is the slowest rank's median, #wrong
+//! the sum over ranks, and the fingerprints must all agree.
+//!
+//! [`run_in_process`] starts the ranks as threads; under a launcher the binary calls
+//! [`run_rank`] once per process.
+
+mod device;
+
+use std::time::{Duration, Instant};
+
+use comm_core::{
+    Bootstrap, BufferMut, BufferRef, Collective, Communicator, DType, Error, MemoryLocation,
+    ReduceOp, Result, bf16, f16,
+};
+
+use super::data::{Inputs, Value, fingerprint, mix64, poison};
+use super::report::{Row, algbw, busbw};
+use crate::backends::RankContext;
+use crate::launch::run_threads;
+
+/// Timed iterations per size when the user gives none, for small sizes.
+pub const DEFAULT_ITERS: usize = 20;
+/// Warm-up iterations per size when the user gives none, for small sizes.
+pub const DEFAULT_WARMUP: usize = 5;
+/// Without `--iters`, sizes above this many bytes get proportionally fewer iterations, so
+/// that a default sweep up to 64 MiB takes seconds, not minutes, on a small host.
+const AUTO_ITERS_BYTES: u64 = 1 << 30;
+/// The fewest timed iterations the automatic scaling gives.
+const MIN_AUTO_ITERS: usize = 3;
+
+/// What to sweep.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepConfig {
+    /// Message sizes in bytes.
+    pub sizes: Vec<u64>,
+    /// Element type.
+    pub dtype: DType,
+    /// Reduction operator.
+    pub op: ReduceOp,
+    /// Timed iterations per size; `None` scales with size.
+    pub iters: Option<usize>,
+    /// Warm-up iterations per size; `None` scales with size.
+    pub warmup: Option<usize>,
+    /// Check results.
+    pub check: bool,
+    /// Reduce in place.
+    pub in_place: bool,
+    /// Seed of the input data; every rank must use the same.
+    pub seed: u64,
+}
+
+/// One size of the sweep, as run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Point {
+    /// Bytes per rank (`count * dtype size`).
+    pub bytes: u64,
+    /// Elements per rank.
+    pub count: usize,
+    /// Timed iterations.
+    pub iters: usize,
+    /// Warm-up iterations.
+    pub warmup: usize,
+}
+
+/// The sizes as element counts: sizes are rounded down to whole elements, and those that
+/// hold none or repeat an earlier count are dropped (an f64 sweep from 1 byte starts at 8).
+pub fn plan(cfg: &SweepConfig) -> Vec<Point> {
+    let elem = cfg.dtype.size() as u64;
+    let mut points: Vec<Point> = Vec::new();
+    for &size in &cfg.sizes {
+        let count = size / elem;
+        if count == 0 || points.last().is_some_and(|p| p.count as u64 >= count) {
+            continue;
+        }
+        let bytes = count * elem;
+        let auto = (AUTO_ITERS_BYTES / bytes) as usize;
+        let iters = cfg
+            .iters
+            .unwrap_or_else(|| auto.clamp(MIN_AUTO_ITERS, DEFAULT_ITERS));
+        let warmup = cfg
+            .warmup
+            .unwrap_or_else(|| (iters / 4).clamp(1, DEFAULT_WARMUP));
+        points.push(Point {
+            bytes,
+            count: count as usize,
+            iters,
+            warmup,
+        });
+    }
+    points
+}
+
+/// What rank 0 reports while it sweeps.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// Size `index` of `total` (counted from 0) is starting.
+    Starting {
+        /// Backend name.
+        backend: &'a str,
+        /// Index of the size.
+        index: usize,
+        /// Number of sizes.
+        total: usize,
+        /// Its bytes.
+        bytes: u64,
+    },
+    /// A size is done.
+    Finished(&'a Row),
+}
+
+/// Builds one rank's communicator (a registry constructor, or a test's).
+pub type Create<'a> = dyn Fn(&RankContext) -> Result<Box<dyn Communicator>> + Sync + 'a;
+
+/// Runs the sweep of `backend` on `ranks` threads of this process; returns the rows.
+/// `observe` sees rank 0's events.
+pub fn run_in_process(
+    backend: &str,
+    create: &Create<'_>,
+    ranks: usize,
+    cfg: &SweepConfig,
+    observe: &(dyn Fn(Event<'_>) + Sync),
+) -> Result<Vec<Row>> {
+    let quiet = |_: Event<'_>| {};
+    let results = run_threads(ranks, |ctx| {
+        let observe: &(dyn Fn(Event<'_>) + Sync) = if ctx.rank() == 0 { observe } else { &quiet };
+        run_rank(&ctx, backend, create, cfg, observe)
+    })?;
+    // Every rank ends with the same rows; an error on any rank fails the run.
+    let mut rows = None;
+    for result in results {
+        let r = result?;
+        rows.get_or_insert(r);
+    }
+    Ok(rows.unwrap_or_default())
+}
+
+/// Runs the sweep of `backend` as the rank of `ctx`: builds its communicator with
+/// `create`, then measures every size. Collective: every rank must call it.
+pub fn run_rank(
+    ctx: &RankContext,
+    backend: &str,
+    create: &Create<'_>,
+    cfg: &SweepConfig,
+    observe: &(dyn Fn(Event<'_>) + Sync),
+) -> Result<Vec<Row>> {
+    let comm = create(ctx)?;
+    if comm.world_size() != ctx.world_size() || comm.rank() != ctx.rank() {
+        return Err(Error::Mismatch(format!(
+            "{backend}: communicator is rank {} of {}, bootstrap says rank {} of {}",
+            comm.rank(),
+            comm.world_size(),
+            ctx.rank(),
+            ctx.world_size()
+        )));
+    }
+    let run = Run {
+        comm: &*comm,
+        ctl: &**ctx.bootstrap(),
+        backend,
+        bootstrap: ctx.mode().name(),
+        cfg,
+        observe,
+    };
+    match cfg.dtype {
+        DType::F32 => run.sweep::<f32>(),
+        DType::F64 => run.sweep::<f64>(),
+        DType::F16 => run.sweep::<f16>(),
+        DType::BF16 => run.sweep::<bf16>(),
+        DType::I32 => run.sweep::<i32>(),
+        DType::I64 => run.sweep::<i64>(),
+        DType::U8 => run.sweep::<u8>(),
+        other => Err(Error::Unsupported(format!(
+            "allreduce-perf does not know dtype {other} yet"
+        ))),
+    }
+}
+
+/// One rank's sweep of one backend.
+struct Run<'a> {
+    comm: &'a dyn Communicator,
+    ctl: &'a dyn Bootstrap,
+    backend: &'a str,
+    bootstrap: &'a str,
+    cfg: &'a SweepConfig,
+    observe: &'a (dyn Fn(Event<'_>) + Sync),
+}
+
+/// What each rank contributes to a row.
+struct Measured {
+    median_us: f64,
+    wrong: u64,
+    fingerprint: u64,
+}
+
+impl Measured {
+    const BYTES: usize = 24;
+
+    fn encode(&self) -> [u8; Self::BYTES] {
+        let mut out = [0; Self::BYTES];
+        out[..8].copy_from_slice(&self.median_us.to_le_bytes());
+        out[8..16].copy_from_slice(&self.wrong.to_le_bytes());
+        out[16..].copy_from_slice(&self.fingerprint.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self> {
+        let word = |i: usize| -> Result<[u8; 8]> {
+            bytes
+                .get(i * 8..i * 8 + 8)
+                .and_then(|w| w.try_into().ok())
+                .ok_or_else(|| {
+                    Error::Bootstrap(format!("bad timing record of {} bytes", bytes.len()))
+                })
+        };
+        Ok(Measured {
+            median_us: f64::from_le_bytes(word(0)?),
+            wrong: u64::from_le_bytes(word(1)?),
+            fingerprint: u64::from_le_bytes(word(2)?),
+        })
+    }
+}
+
+impl Run<'_> {
+    fn sweep<T: Value>(&self) -> Result<Vec<Row>> {
+        let cfg = self.cfg;
+        let caps = self.comm.capabilities();
+        let mut points = plan(cfg);
+        if let Some(max) = caps.max_bytes {
+            points.retain(|p| p.bytes as usize <= max);
+        }
+        if caps.device_memory && !caps.host_memory {
+            return self.sweep_device(points);
+        }
+        let smallest = points.first().map_or(0, |p| p.bytes as usize);
+        caps.check(
+            self.backend,
+            Collective::AllReduce,
+            cfg.dtype,
+            Some(cfg.op),
+            smallest,
+            MemoryLocation::Host,
+        )?;
+        let use_comm_barrier = caps.collectives.contains(&Collective::Barrier);
+        let largest = points.iter().map(|p| p.count).max().unwrap_or(0);
+        let mut send = vec![T::poison(); largest];
+        let mut recv = vec![T::poison(); if cfg.in_place { 0 } else { largest }];
+        let mut rows = Vec::with_capacity(points.len());
+        for (index, point) in points.iter().enumerate() {
+            (self.observe)(Event::Starting {
+                backend: self.backend,
+                index,
+                total: points.len(),
+                bytes: point.bytes,
+            });
+            let send = &mut send[..point.count];
+            let recv = &mut recv[..if cfg.in_place { 0 } else { point.count }];
+            let mine = self.measure(point, index, send, recv, use_comm_barrier)?;
+            let row = self.gather(point, mine)?;
+            (self.observe)(Event::Finished(&row));
+            rows.push(row);
+        }
+        Ok(rows)
+    }
+
+    /// Times one size, then checks it if asked.
+    fn measure<T: Value>(
+        &self,
+        point: &Point,
+        index: usize,
+        send: &mut [T],
+        recv: &mut [T],
+        use_comm_barrier: bool,
+    ) -> Result<Measured> {
+        let (cfg, rank, ranks) = (self.cfg, self.comm.rank(), self.comm.world_size());
+        let seed = |purpose: u64| mix64(cfg.seed ^ mix64((index as u64) << 8 | purpose));
+        Inputs::new::<T>(seed(1), cfg.op, ranks).fill(rank, send);
+        for _ in 0..point.warmup {
+            self.call(send, recv)?;
+        }
+        if use_comm_barrier {
+            self.comm.barrier()?;
+        } else {
+            self.ctl.barrier()?;
+        }
+        let mut times = Vec::with_capacity(point.iters);
+        for _ in 0..point.iters {
+            let start = Instant::now();
+            self.call(send, recv)?;
+            times.push(start.elapsed());
+        }
+        let median_us = median(&mut times).as_secs_f64() * 1e6;
+        if !cfg.check {
+            return Ok(Measured {
+                median_us,
+                wrong: 0,
+                fingerprint: 0,
+            });
+        }
+        let inputs = Inputs::new::<T>(seed(2), cfg.op, ranks);
+        inputs.fill(rank, send);
+        poison(recv);
+        self.call(send, recv)?;
+        let out: &[T] = if cfg.in_place { send } else { recv };
+        Ok(Measured {
+            median_us,
+            wrong: inputs.count_wrong(out),
+            fingerprint: fingerprint(BufferRef::host(out).host_bytes().unwrap_or_default()),
+        })
+    }
+
+    fn call<T: Value>(&self, send: &mut [T], recv: &mut [T]) -> Result<()> {
+        if self.cfg.in_place {
+            self.comm
+                .all_reduce_in_place(BufferMut::host(send), self.cfg.op)
+        } else {
+            self.comm
+                .all_reduce(BufferRef::host(send), BufferMut::host(recv), self.cfg.op)
+        }
+    }
+
+    /// Exchanges every rank's measurement and builds the row (the same on every rank).
+    fn gather(&self, point: &Point, mine: Measured) -> Result<Row> {
+        let all = self
+            .ctl
+            .all_gather_bytes(&mine.encode())?
+            .iter()
+            .map(|b| Measured::decode(b))
+            .collect::<Result<Vec<_>>>()?;
+        let ranks = all.len();
+        let time_us = all.iter().map(|m| m.median_us).fold(0.0, f64::max);
+        let alg = algbw(point.bytes, time_us);
+        let checked = self.cfg.check;
+        Ok(Row {
+            backend: self.backend.to_string(),
+            bootstrap: self.bootstrap.to_string(),
+            ranks,
+            dtype: self.cfg.dtype.name().to_string(),
+            op: self.cfg.op.name().to_string(),
+            in_place: self.cfg.in_place,
+            bytes: point.bytes,
+            count: point.count as u64,
+            iters: point.iters,
+            time_us,
+            algbw: alg,
+            busbw: busbw(alg, ranks),
+            wrong: checked.then(|| all.iter().map(|m| m.wrong).sum()),
+            identical: checked.then(|| all.iter().all(|m| m.fingerprint == all[0].fingerprint)),
+        })
+    }
+}
+
+/// The median of `times` (the mean of the middle two for an even count); zero if empty.
+pub fn median(times: &mut [Duration]) -> Duration {
+    if times.is_empty() {
+        return Duration::ZERO;
+    }
+    times.sort_unstable();
+    let mid = times.len() / 2;
+    if times.len() % 2 == 1 {
+        times[mid]
+    } else {
+        (times[mid - 1] + times[mid]) / 2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(sizes: &[u64], dtype: DType) -> SweepConfig {
+        SweepConfig {
+            sizes: sizes.to_vec(),
+            dtype,
+            op: ReduceOp::Sum,
+            iters: None,
+            warmup: None,
+            check: false,
+            in_place: false,
+            seed: 1,
+        }
+    }
+
+    #[test]
+    fn plan_rounds_to_elements_and_scales_iterations() {
+        let p = plan(&cfg(&[1, 4, 6, 8, 16, 64 << 20], DType::F64));
+        let counts: Vec<usize> = p.iter().map(|p| p.count).collect();
+        assert_eq!(counts, vec![1, 2, 8 << 20]);
+        assert_eq!(p[0].bytes, 8);
+        assert_eq!((p[0].iters, p[0].warmup), (DEFAULT_ITERS, DEFAULT_WARMUP));
+        assert!(p[2].iters < DEFAULT_ITERS && p[2].iters >= MIN_AUTO_ITERS);
+        let mut fixed = cfg(&[64 << 20], DType::F32);
+        fixed.iters = Some(7);
+        fixed.warmup = Some(0);
+        assert_eq!((plan(&fixed)[0].iters, plan(&fixed)[0].warmup), (7, 0));
+    }
+
+    #[test]
+    fn median_of_odd_and_even() {
+        let ms = Duration::from_millis;
+        assert_eq!(median(&mut [ms(3), ms(1), ms(2)]), ms(2));
+        assert_eq!(
+            median(&mut [ms(4), ms(1), ms(2), ms(3)]),
+            Duration::from_micros(2500)
+        );
+        assert_eq!(median(&mut []), Duration::ZERO);
+    }
+}

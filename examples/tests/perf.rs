@@ -1,0 +1,226 @@
+//! allreduce-perf end to end: in-process sweeps, their JSON/CSV, the check catching a
+//! faulty backend, and the binary's exit codes.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use comm_core::{
+    BufferMut, BufferRef, Capabilities, Communicator, DType, LocalComm, ReduceOp, Result,
+};
+use comm_examples::backends::{self, RankContext};
+use comm_examples::perf::report::{self, CSV_HEADER};
+use comm_examples::perf::{Row, SweepConfig, run_in_process};
+
+fn config(sizes: &[u64], dtype: DType, op: ReduceOp, check: bool) -> SweepConfig {
+    SweepConfig {
+        sizes: sizes.to_vec(),
+        dtype,
+        op,
+        iters: Some(2),
+        warmup: Some(1),
+        check,
+        in_place: false,
+        seed: 12345,
+    }
+}
+
+fn local(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    (backends::find("local").unwrap().create)(ctx)
+}
+
+fn sweep(
+    create: &comm_examples::perf::sweep::Create<'_>,
+    ranks: usize,
+    cfg: &SweepConfig,
+) -> Vec<Row> {
+    run_in_process("test", create, ranks, cfg, &|_| {}).expect("sweep runs")
+}
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("comm-perf-{}-{name}", std::process::id()))
+}
+
+#[test]
+fn json_and_csv_have_one_record_per_size() {
+    let cfg = config(&[8, 64, 1024], DType::F32, ReduceOp::Sum, true);
+    let rows = sweep(&local, 2, &cfg);
+    assert_eq!(rows.len(), 3);
+
+    let json = temp("schema.json");
+    report::write_json(&json, &rows).unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let results = doc["results"].as_array().expect("results array");
+    assert_eq!(results.len(), 3);
+    for (r, size) in results.iter().zip([8u64, 64, 1024]) {
+        assert_eq!(r["backend"], "test");
+        assert_eq!(r["bytes"], size);
+        assert_eq!(r["count"], size / 4);
+        assert_eq!(r["dtype"], "f32");
+        assert_eq!(r["op"], "sum");
+        assert_eq!(r["ranks"], 2);
+        assert_eq!(r["wrong"], 0);
+        assert_eq!(r["identical"], true);
+        for key in ["time_us", "algbw", "busbw"] {
+            assert!(
+                r[key].as_f64().is_some_and(|v| v >= 0.0),
+                "{key}: {}",
+                r[key]
+            );
+        }
+        // Two ranks: busbw = algbw * 2(n-1)/n = algbw.
+        assert_eq!(r["busbw"], r["algbw"]);
+    }
+
+    let csv = temp("schema.csv");
+    report::write_csv(&csv, &rows).unwrap();
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], CSV_HEADER);
+    assert_eq!(lines.len(), 4);
+    let fields = CSV_HEADER.split(',').count();
+    assert!(lines.iter().all(|l| l.split(',').count() == fields));
+    assert!(lines[1].starts_with("test,threads,2,f32,sum,false,8,2,"));
+    let _ = (std::fs::remove_file(json), std::fs::remove_file(csv));
+}
+
+#[test]
+fn local_passes_the_check_for_every_dtype_and_op() {
+    for dtype in DType::ALL {
+        for op in ReduceOp::ALL {
+            for in_place in [false, true] {
+                let mut cfg = config(&[1, 24, 1000, 70_000], dtype, op, true);
+                cfg.in_place = in_place;
+                for row in sweep(&local, 3, &cfg) {
+                    assert!(!row.failed(), "{dtype} {op} in_place={in_place}: {row:?}");
+                }
+            }
+        }
+    }
+}
+
+/// A backend that gets rank 1's first element wrong.
+struct Faulty(LocalComm);
+
+impl Communicator for Faulty {
+    fn name(&self) -> &str {
+        "faulty"
+    }
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.0.world_size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    fn all_reduce(&self, send: BufferRef<'_>, mut recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        self.0.all_reduce(send, recv.reborrow(), op)?;
+        if self.rank() == 1 {
+            recv.host_slice_mut::<f32>().expect("an f32 host buffer")[0] += 1.0;
+        }
+        Ok(())
+    }
+    fn all_reduce_in_place(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        self.0.all_reduce_in_place(buf, op)
+    }
+    fn all_gather(&self, send: BufferRef<'_>, recv: BufferMut<'_>) -> Result<()> {
+        self.0.all_gather(send, recv)
+    }
+    fn reduce_scatter(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        self.0.reduce_scatter(send, recv, op)
+    }
+    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<()> {
+        self.0.broadcast(buf, root)
+    }
+    fn barrier(&self) -> Result<()> {
+        self.0.barrier()
+    }
+}
+
+#[test]
+fn check_catches_a_corrupted_element() {
+    let faulty = |ctx: &RankContext| -> Result<Box<dyn Communicator>> {
+        let group = ctx.thread_group().expect("in-process");
+        let comm = group.take("faulty", ctx.rank(), LocalComm::create);
+        Ok(Box::new(Faulty(comm)))
+    };
+    let cfg = config(&[16, 4096], DType::F32, ReduceOp::Sum, true);
+    let rows = sweep(&faulty, 2, &cfg);
+    for row in &rows {
+        assert_eq!(row.wrong, Some(1), "{row:?}");
+        assert_eq!(row.identical, Some(false), "{row:?}");
+        assert!(row.failed());
+    }
+    // Without --check nothing is claimed either way.
+    let rows = sweep(&faulty, 2, &config(&[16], DType::F32, ReduceOp::Sum, false));
+    assert_eq!((rows[0].wrong, rows[0].identical), (None, None));
+}
+
+fn perf(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_allreduce-perf"))
+        .args(args)
+        .env_remove("OMPI_COMM_WORLD_SIZE")
+        .env_remove("WORLD_SIZE")
+        .output()
+        .expect("allreduce-perf starts")
+}
+
+#[test]
+fn binary_rejects_bad_flags_with_status_2() {
+    for bad in [
+        &["--sizes", "8:lots"][..],
+        &["--dtype", "f128"],
+        &["--backend", "nope"],
+        &["--whatever"],
+    ] {
+        let out = perf(bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("allreduce-perf:") && !err.contains("panicked"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn binary_runs_a_checked_sweep_and_writes_files() {
+    let (json, csv, svg) = (temp("bin.json"), temp("bin.csv"), temp("bin.svg"));
+    let out = perf(&[
+        "--sizes",
+        "8,4K,64K",
+        "--ranks",
+        "2",
+        "--iters",
+        "3",
+        "--check",
+        "--dtype",
+        "bf16",
+        "--json",
+        json.to_str().unwrap(),
+        "--csv",
+        csv.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("busbw") && stdout.contains("OK"),
+        "{stdout}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["results"].as_array().unwrap().len(), 3);
+    assert_eq!(std::fs::read_to_string(&csv).unwrap().lines().count(), 4);
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    for f in [json, csv, svg] {
+        let _ = std::fs::remove_file(f);
+    }
+}
