@@ -1,7 +1,7 @@
 //! `ipc_bench`: kernel speed of every algorithm with N virtual ranks on one GPU.
 //!
 //! ```text
-//! ipc_bench [--ranks 8] [--iters 1000] [--batch 20]
+//! ipc_bench [--ranks 8] [--iters 1000] [--batch 20] [--threads 512] [--max-blocks N]
 //! ```
 //!
 //! The ranks are `IpcComm`s of one process (threads bootstrap, all regions in one
@@ -28,6 +28,8 @@ fn main() -> ExitCode {
     let mut ranks = 8usize;
     let mut iters = 1000usize;
     let mut batch = 20usize;
+    let mut threads = comm_ipc::config::DEFAULT_THREADS;
+    let mut max_blocks = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut num = |name: &str| -> std::result::Result<usize, String> {
@@ -39,14 +41,18 @@ fn main() -> ExitCode {
             "--ranks" => num("--ranks").map(|v| ranks = v),
             "--iters" => num("--iters").map(|v| iters = v),
             "--batch" => num("--batch").map(|v| batch = v.max(1)),
+            "--threads" => num("--threads").map(|v| threads = v as u32),
+            "--max-blocks" => num("--max-blocks").map(|v| max_blocks = Some(v as u32)),
             other => Err(format!("unknown argument `{other}`")),
         };
         if let Err(e) = got {
-            eprintln!("ipc_bench: {e}\nusage: ipc_bench [--ranks N] [--iters N] [--batch N]");
+            eprintln!(
+                "ipc_bench: {e}\nusage: ipc_bench [--ranks N] [--iters N] [--batch N] [--threads N] [--max-blocks N]"
+            );
             return ExitCode::from(2);
         }
     }
-    match run(ranks, iters, batch) {
+    match run(ranks, iters, batch, threads, max_blocks) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -56,19 +62,41 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(ranks: usize, iters: usize, batch: usize) -> Result<bool> {
+fn run(
+    ranks: usize,
+    iters: usize,
+    batch: usize,
+    threads: u32,
+    max_blocks: Option<u32>,
+) -> Result<bool> {
     let ctx = context(0)?;
     let copy_bw = copy_bandwidth(&ctx)?;
-    println!("# ipc_bench: {ranks} virtual ranks on one GPU; device copy bandwidth {:.0} GB/s (1 GiB cuMemcpyDtoD, read + write)", copy_bw / 1e9);
-    let comms = make_comms(ranks)?;
-    println!("# {} blocks max per rank, {} threads", comms[0].max_blocks(), comms[0].config().threads);
+    println!(
+        "# ipc_bench: {ranks} virtual ranks on one GPU; device copy bandwidth {:.0} GB/s (1 GiB cuMemcpyDtoD, read + write)",
+        copy_bw / 1e9
+    );
+    let comms = make_comms(ranks, threads, max_blocks)?;
+    println!(
+        "# {} blocks max per rank, {} threads",
+        comms[0].max_blocks(),
+        comms[0].config().threads
+    );
     let streams = (0..ranks)
         .map(|_| ctx.new_stream().map_err(driver_error))
         .collect::<Result<Vec<_>>>()?;
     let kernels = PatternKernels::load(&ctx)?;
     println!(
         "{:<13} {:>10} {:>6} {:>11} {:>11} {:>9} {:>9} {:>10} {:>7} {:>6}",
-        "algorithm", "bytes", "batch", "time_us", "graph1_us", "algbw", "busbw", "mem_GB/s", "%copy", "wrong"
+        "algorithm",
+        "bytes",
+        "batch",
+        "time_us",
+        "graph1_us",
+        "algbw",
+        "busbw",
+        "mem_GB/s",
+        "%copy",
+        "wrong"
     );
     let mut ok = true;
     for algo in Algorithm::ALL {
@@ -93,7 +121,11 @@ fn run(ranks: usize, iters: usize, batch: usize) -> Result<bool> {
                 mem,
                 100.0 * mem * 1e9 / copy_bw,
                 r.wrong,
-                if r.identical { "" } else { "  RESULTS DIFFER ACROSS RANKS" }
+                if r.identical {
+                    ""
+                } else {
+                    "  RESULTS DIFFER ACROSS RANKS"
+                }
             );
         }
     }
@@ -132,8 +164,10 @@ fn copy_bandwidth(ctx: &Arc<CudaContext>) -> Result<f64> {
     for i in 0..13 {
         let start = event(&stream)?;
         // SAFETY: two allocations of `bytes` bytes of this context.
-        unsafe { result::memcpy_dtod_async(b.device_ptr(), a.device_ptr(), bytes, stream.cu_stream()) }
-            .map_err(driver_error)?;
+        unsafe {
+            result::memcpy_dtod_async(b.device_ptr(), a.device_ptr(), bytes, stream.cu_stream())
+        }
+        .map_err(driver_error)?;
         let end = event(&stream)?;
         end.synchronize().map_err(driver_error)?;
         if i >= 3 {
@@ -143,8 +177,10 @@ fn copy_bandwidth(ctx: &Arc<CudaContext>) -> Result<f64> {
     Ok(2.0 * bytes as f64 / median(&mut times))
 }
 
-fn make_comms(ranks: usize) -> Result<Vec<IpcComm>> {
+fn make_comms(ranks: usize, threads: u32, max_blocks: Option<u32>) -> Result<Vec<IpcComm>> {
     let config = IpcConfig {
+        threads,
+        max_blocks,
         max_bytes: 64 << 20,
         validate: false,
         timeout: Some(Duration::from_secs(10)),
@@ -159,7 +195,10 @@ fn make_comms(ranks: usize) -> Result<Vec<IpcComm>> {
         .collect();
     handles
         .into_iter()
-        .map(|h| h.join().map_err(|_| Error::Mismatch("a rank panicked".into()))?)
+        .map(|h| {
+            h.join()
+                .map_err(|_| Error::Mismatch("a rank panicked".into()))?
+        })
         .collect()
 }
 
@@ -187,7 +226,11 @@ fn measure(
     for (r, (comm, stream)) in comms.iter().zip(streams).enumerate() {
         comm.set_algorithm(Some(algo.name()))?;
         let mut i = DeviceBuffer::alloc(ctx, bytes)?;
-        kernels.fill(i.view_mut(DType::BF16, stream)?, 0x5eed ^ bytes as u64, r as u32)?;
+        kernels.fill(
+            i.view_mut(DType::BF16, stream)?,
+            0x5eed ^ bytes as u64,
+            r as u32,
+        )?;
         ins.push(i);
         outs.push(DeviceBuffer::alloc(ctx, bytes)?);
     }
@@ -213,7 +256,12 @@ fn measure(
     let mut first: Option<Vec<u8>> = None;
     let mut identical = true;
     for (out, s) in outs.iter().zip(streams) {
-        wrong += kernels.check_all_reduce(out.view(DType::BF16, s)?, ReduceOp::Sum, 0x5eed ^ bytes as u64, n as u32)?;
+        wrong += kernels.check_all_reduce(
+            out.view(DType::BF16, s)?,
+            ReduceOp::Sum,
+            0x5eed ^ bytes as u64,
+            n as u32,
+        )?;
         let mut host = vec![0u8; bytes];
         out.download_bytes(s, 0, &mut host)?;
         match &first {
@@ -237,7 +285,9 @@ fn measure(
             }
             Ok(())
         })();
-        let graph = s0.end_capture(sys::CUgraphInstantiate_flags(0)).map_err(driver_error)?;
+        let graph = s0
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(driver_error)?;
         captured?;
         let graph = graph.ok_or_else(|| Error::Mismatch("empty capture".into()))?;
         graph.upload().map_err(driver_error)?;
@@ -245,7 +295,12 @@ fn measure(
             graph.launch().map_err(driver_error)?;
         }
         let mut times = Vec::with_capacity(iters);
-        let events = (0..=iters).map(|_| ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver_error)).collect::<Result<Vec<_>>>()?;
+        let events = (0..=iters)
+            .map(|_| {
+                ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(driver_error)
+            })
+            .collect::<Result<Vec<_>>>()?;
         events[0].record(s0).map_err(driver_error)?;
         for e in &events[1..] {
             graph.launch().map_err(driver_error)?;
@@ -258,7 +313,11 @@ fn measure(
         Ok(median(&mut times) / batch as f64)
     };
     let per_call_us = time(batch, iters, &mut outs)?;
-    let graph1_us = if batch > 1 { time(1, iters, &mut outs)? } else { per_call_us };
+    let graph1_us = if batch > 1 {
+        time(1, iters, &mut outs)?
+    } else {
+        per_call_us
+    };
     for c in comms {
         c.set_algorithm(None)?;
     }

@@ -59,7 +59,9 @@ fn main() -> ExitCode {
             println!("{msg}");
         }
     };
-    say(&format!("# ipc_check: {world} ranks, max {MAX_BYTES} bytes"));
+    say(&format!(
+        "# ipc_check: {world} ranks, max {MAX_BYTES} bytes"
+    ));
     let mut failures = 0usize;
     for &algo in &algos {
         let steps: [(&str, fn(&Check) -> Result<String>); 4] = [
@@ -85,7 +87,9 @@ fn main() -> ExitCode {
             let ok = agree(&*bootstrap, mine.is_ok());
             let secs = started.elapsed().as_secs_f64();
             match (&mine, ok) {
-                (Ok(detail), true) => say(&format!("PASS  {algo:<13} {name:<30} {secs:6.1}s  {detail}")),
+                (Ok(detail), true) => say(&format!(
+                    "PASS  {algo:<13} {name:<30} {secs:6.1}s  {detail}"
+                )),
                 (Err(e), _) => {
                     println!("FAIL  {algo:<13} {name:<30} rank {rank}: {e}");
                     failures += 1;
@@ -98,13 +102,20 @@ fn main() -> ExitCode {
         }
     }
     if world > 1 {
-        for algo in [Algorithm::OneshotPull, Algorithm::OneshotPush, Algorithm::TwoshotPush] {
+        for algo in [
+            Algorithm::OneshotPull,
+            Algorithm::OneshotPush,
+            Algorithm::TwoshotPush,
+        ] {
             let started = Instant::now();
             let mine = timeout_check(&bootstrap, algo);
             let ok = agree(&*bootstrap, mine.is_ok());
             let secs = started.elapsed().as_secs_f64();
             match (&mine, ok) {
-                (Ok(detail), true) => say(&format!("PASS  {algo:<13} {:<30} {secs:6.1}s  {detail}", "timeout")),
+                (Ok(detail), true) => say(&format!(
+                    "PASS  {algo:<13} {:<30} {secs:6.1}s  {detail}",
+                    "timeout"
+                )),
                 (Err(e), _) => {
                     println!("FAIL  {algo:<13} timeout rank {rank}: {e}");
                     failures += 1;
@@ -158,7 +169,11 @@ impl Check {
             ..IpcConfig::default()
         };
         let comm = IpcComm::new(bootstrap.clone(), device, config)?;
-        let memory = DeviceMemory::with_stream(comm.context().new_stream().map_err(comm_core::cuda::driver_error)?);
+        let memory = DeviceMemory::with_stream(
+            comm.context()
+                .new_stream()
+                .map_err(comm_core::cuda::driver_error)?,
+        );
         Ok(Check {
             comm,
             memory,
@@ -203,7 +218,8 @@ impl Check {
 
     /// Sizes from 1 element to the maximum, odd ones included, every dtype and op.
     fn sweep(&self) -> Result<String> {
-        let mut counts: Vec<usize> = vec![1, 2, 3, 7, 8, 9, 15, 17, 63, 65, 1001, 4097, 21504, 65537];
+        let mut counts: Vec<usize> =
+            vec![1, 2, 3, 7, 8, 9, 15, 17, 63, 65, 1001, 4097, 21504, 65537];
         if !self.quick {
             counts.extend([(1 << 20) + 3, (3 << 20) - 1]);
         }
@@ -236,7 +252,15 @@ impl Check {
     }
 
     /// One call on fresh data, checked against the f64 reference and across ranks.
-    fn one_case(&self, dtype: DType, op: ReduceOp, count: usize, seed: u64, zero_copy: bool, in_place: bool) -> Result<()> {
+    fn one_case(
+        &self,
+        dtype: DType,
+        op: ReduceOp,
+        count: usize,
+        seed: u64,
+        zero_copy: bool,
+        in_place: bool,
+    ) -> Result<()> {
         let stream = self.memory.stream();
         let inputs = all_inputs(dtype, count, seed, self.comm.world_size());
         let mine = &inputs[self.comm.rank()];
@@ -247,10 +271,14 @@ impl Check {
             let mut send = self.comm.alloc(bytes)?;
             send.upload(stream, 0, mine)?;
             if in_place {
-                self.comm.all_reduce_in_place(send.view_mut(dtype, 0, count, stream)?, op)?;
-            } else {
                 self.comm
-                    .all_reduce(send.view(dtype, 0, count, stream)?, out.view_mut(0, count)?, op)?;
+                    .all_reduce_in_place(send.view_mut(dtype, 0, count, stream)?, op)?;
+            } else {
+                self.comm.all_reduce(
+                    send.view(dtype, 0, count, stream)?,
+                    out.view_mut(0, count)?,
+                    op,
+                )?;
             }
             self.comm.synchronize(self.memory.raw_stream())?;
             let got = if in_place {
@@ -268,22 +296,37 @@ impl Check {
             let mut send = self.memory.alloc(dtype, count)?;
             send.write(mine)?;
             if in_place {
-                self.comm.all_reduce_in_place(send.view_mut(0, count)?, op)?;
+                self.comm
+                    .all_reduce_in_place(send.view_mut(0, count)?, op)?;
             } else {
-                self.comm.all_reduce(send.view(0, count)?, out.view_mut(0, count)?, op)?;
+                self.comm
+                    .all_reduce(send.view(0, count)?, out.view_mut(0, count)?, op)?;
             }
             self.comm.synchronize(self.memory.raw_stream())?;
             let got = if in_place { send.read()? } else { out.read()? };
             self.verify(dtype, op, &inputs, &got, count)
         }
-        .map_err(|e| Error::Mismatch(format!("{dtype} {op} x {count} (zero-copy {zero_copy}, in place {in_place}): {e}")))
+        .map_err(|e| {
+            Error::Mismatch(format!(
+                "{dtype} {op} x {count} (zero-copy {zero_copy}, in place {in_place}): {e}"
+            ))
+        })
     }
 
-    fn verify(&self, dtype: DType, op: ReduceOp, inputs: &[Vec<u8>], got: &[u8], count: usize) -> Result<()> {
+    fn verify(
+        &self,
+        dtype: DType,
+        op: ReduceOp,
+        inputs: &[Vec<u8>],
+        got: &[u8],
+        count: usize,
+    ) -> Result<()> {
         let wrong = count_wrong(dtype, op, inputs, got, count);
         let digests = self.bootstrap.all_gather_bytes(&fnv(got).to_le_bytes())?;
         if wrong > 0 {
-            return Err(Error::Mismatch(format!("{wrong} of {count} elements wrong")));
+            return Err(Error::Mismatch(format!(
+                "{wrong} of {count} elements wrong"
+            )));
         }
         if digests.iter().any(|d| d != &digests[0]) {
             return Err(Error::Mismatch("results differ across ranks".into()));
@@ -302,15 +345,20 @@ impl Check {
         let mut zc_in = self.comm.alloc(n2 * 4)?;
         let mut b_out = self.memory.alloc(DType::F32, n2)?;
         // Warm up outside capture (module load, first-touch).
-        self.comm.all_reduce(a_in.view(0, n1)?, a_out.view_mut(0, n1)?, ReduceOp::Sum)?;
+        self.comm
+            .all_reduce(a_in.view(0, n1)?, a_out.view_mut(0, n1)?, ReduceOp::Sum)?;
         self.comm.synchronize(self.memory.raw_stream())?;
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(comm_core::cuda::driver_error)?;
         let captured = (|| -> Result<()> {
-            self.comm.all_reduce(a_in.view(0, n1)?, a_out.view_mut(0, n1)?, ReduceOp::Sum)?;
             self.comm
-                .all_reduce(zc_in.view(DType::F32, 0, n2, stream)?, b_out.view_mut(0, n2)?, ReduceOp::Avg)?;
+                .all_reduce(a_in.view(0, n1)?, a_out.view_mut(0, n1)?, ReduceOp::Sum)?;
+            self.comm.all_reduce(
+                zc_in.view(DType::F32, 0, n2, stream)?,
+                b_out.view_mut(0, n2)?,
+                ReduceOp::Avg,
+            )?;
             Ok(())
         })();
         let graph = stream
@@ -352,7 +400,11 @@ fn timeout_check(bootstrap: &Arc<dyn Bootstrap>, algo: Algorithm) -> Result<Stri
         ..IpcConfig::default()
     };
     let comm = IpcComm::new(bootstrap.clone(), device, config)?;
-    let memory = DeviceMemory::with_stream(comm.context().new_stream().map_err(comm_core::cuda::driver_error)?);
+    let memory = DeviceMemory::with_stream(
+        comm.context()
+            .new_stream()
+            .map_err(comm_core::cuda::driver_error)?,
+    );
     let absent = comm.world_size() - 1;
     let mut detail = String::from("absent rank");
     if comm.rank() != absent {
@@ -367,11 +419,19 @@ fn timeout_check(bootstrap: &Arc<dyn Bootstrap>, algo: Algorithm) -> Result<Stri
             Err(Error::Timeout { what, .. }) if waited < bound + Duration::from_secs(10) => {
                 detail = format!("timed out after {:.2}s: {what}", waited.as_secs_f64());
             }
-            other => return Err(Error::Mismatch(format!("expected a timeout within the bound, got {other:?} after {waited:?}"))),
+            other => {
+                return Err(Error::Mismatch(format!(
+                    "expected a timeout within the bound, got {other:?} after {waited:?}"
+                )));
+            }
         }
         match comm.all_reduce_in_place(buf.view_mut(0, count)?, ReduceOp::Sum) {
             Err(Error::Aborted(_)) => {}
-            other => return Err(Error::Mismatch(format!("a timed-out communicator accepted work: {other:?}"))),
+            other => {
+                return Err(Error::Mismatch(format!(
+                    "a timed-out communicator accepted work: {other:?}"
+                )));
+            }
         }
         if comm.barrier().is_ok() {
             return Err(Error::Mismatch("barrier worked after a timeout".into()));
@@ -446,7 +506,9 @@ fn splitmix(mut x: u64) -> u64 {
 }
 
 fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// Conformance buffers from `IpcComm::alloc`: every input is a zero-copy input.

@@ -85,20 +85,24 @@ struct IpcArgs {
     uint64_t timeout_ns;
     uint32_t rank;
     uint32_t world;
-    uint32_t aligned;  // input and output are 16-byte aligned
-    uint32_t pad;
+    uint32_t aligned;    // input and output are 16-byte aligned
+    uint32_t gpu_scope;  // every rank is on this device: barriers need only .gpu scope
 };
 
 // ---------------------------------------------------------------------------------------
 // Memory-model helpers (PTX: sm_70+).
 
-__device__ __forceinline__ void ipc_st_release(uint32_t* p, uint32_t v) {
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+// System scope where peers are other GPUs; GPU scope (cheaper fences) where every rank
+// runs on this device (virtual ranks, or processes sharing one GPU).
+__device__ __forceinline__ void ipc_st_release(uint32_t* p, uint32_t v, bool gpu) {
+    if (gpu) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+    else asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-__device__ __forceinline__ uint32_t ipc_ld_acquire(const uint32_t* p) {
+__device__ __forceinline__ uint32_t ipc_ld_acquire(const uint32_t* p, bool gpu) {
     uint32_t v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    if (gpu) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    else asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 
@@ -322,12 +326,12 @@ __device__ bool ipc_barrier(const IpcArgs& a, const IpcCtx& c, uint32_t phase) {
     const uint32_t p = threadIdx.x;
     if (p < a.world && !*c.dead) {
         IpcSignal* peer = reinterpret_cast<IpcSignal*>(c.region[p]);
-        ipc_st_release(&peer->flags[phase][blockIdx.x][a.rank], value);
+        ipc_st_release(&peer->flags[phase][blockIdx.x][a.rank], value, a.gpu_scope != 0);
         IpcSignal* mine = reinterpret_cast<IpcSignal*>(c.region[a.rank]);
         const uint32_t* slot = &mine->flags[phase][blockIdx.x][p];
         uint64_t start = ipc_now();
         uint32_t spins = 0;
-        while ((int32_t)(ipc_ld_acquire(slot) - value) < 0) {
+        while ((int32_t)(ipc_ld_acquire(slot, a.gpu_scope != 0) - value) < 0) {
             if (ipc_give_up(a, c, start, spins, IPC_TIMEOUT_BARRIER, phase, p)) break;
         }
     }
@@ -403,6 +407,24 @@ template <int DT, int OP> __device__ __forceinline__ uint4 ipc_reduce(const IpcA
 __device__ __forceinline__ uint64_t ipc_tid() { return (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ uint64_t ipc_stride() { return (uint64_t)gridDim.x * blockDim.x; }
 
+// dst(i) = src(i) for i in [0, n), grid-stride, four loads in flight per thread (a copy is
+// otherwise one dependent load-store pair at a time, too few bytes in flight for HBM).
+// Thread t handles exactly the i = t (mod threads in grid) of a plain grid-stride loop, so
+// the per-block barrier pairing is unchanged.
+template <typename Load, typename Store>
+__device__ __forceinline__ void ipc_copy(uint64_t n, Load load, Store store) {
+    const uint64_t stride = ipc_stride();
+    uint64_t i = ipc_tid();
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        const uint4 w0 = load(i), w1 = load(i + stride), w2 = load(i + 2 * stride), w3 = load(i + 3 * stride);
+        store(i, w0);
+        store(i + stride, w1);
+        store(i + 2 * stride, w2);
+        store(i + 3 * stride, w3);
+    }
+    for (; i < n; i += stride) store(i, load(i));
+}
+
 // ---------------------------------------------------------------------------------------
 // The four algorithms. `nvec` = 16-byte vectors of the message.
 
@@ -417,8 +439,9 @@ template <int DT, int OP> __device__ void ipc_oneshot_pull(const IpcArgs& a, con
     const bool aligned = a.aligned != 0;
     if (!zc) {
         uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + dbuf);
-        for (uint64_t v = ipc_tid(); v < nvec; v += ipc_stride())
-            mine[v] = ipc_load_user<DT>(a.input, v, a.count, aligned);
+        ipc_copy(
+            nvec, [&](uint64_t v) { return ipc_load_user<DT>(a.input, v, a.count, aligned); },
+            [&](uint64_t v, uint4 w) { mine[v] = w; });
     }
     if (!ipc_barrier(a, c, 0)) return;
     for (uint64_t v = ipc_tid(); v < nvec; v += ipc_stride()) {
@@ -448,9 +471,13 @@ template <int DT, int OP> __device__ void ipc_twoshot_pull(const IpcArgs& a, con
     const uint32_t me = a.rank;
     if (!zc) {
         uint4* mine = reinterpret_cast<uint4*>(c.region[me] + dbuf);
-        for (uint32_t s = 0; s < a.world; ++s)
-            for (uint64_t i = ipc_tid(); i < S && s * S + i < nvec; i += ipc_stride())
-                mine[s * S + i] = ipc_load_user<DT>(a.input, s * S + i, a.count, aligned);
+        for (uint32_t s = 0; s < a.world; ++s) {
+            const uint64_t first = s * S;
+            const uint64_t n = first >= nvec ? 0 : (nvec - first < S ? nvec - first : S);
+            ipc_copy(
+                n, [&](uint64_t i) { return ipc_load_user<DT>(a.input, first + i, a.count, aligned); },
+                [&](uint64_t i, uint4 w) { mine[first + i] = w; });
+        }
     }
     if (!ipc_barrier(a, c, 0)) return;
     uint4* tmp = reinterpret_cast<uint4*>(c.region[me] + a.off_tmp);
@@ -471,8 +498,11 @@ template <int DT, int OP> __device__ void ipc_twoshot_pull(const IpcArgs& a, con
         // Start with the next rank's slice, so that the ranks do not all read rank 0 first.
         const uint32_t s = (me + k) % a.world;
         const uint4* src = reinterpret_cast<const uint4*>(c.region[s] + a.off_tmp);
-        for (uint64_t i = ipc_tid(); i < S && s * S + i < nvec; i += ipc_stride())
-            ipc_store_user<DT>(a.output, s * S + i, a.count, aligned, ipc_ld_cg(src + i));
+        const uint64_t first = s * S;
+        const uint64_t n = first >= nvec ? 0 : (nvec - first < S ? nvec - first : S);
+        ipc_copy(
+            n, [&](uint64_t i) { return ipc_ld_cg(src + i); },
+            [&](uint64_t i, uint4 w) { ipc_store_user<DT>(a.output, first + i, a.count, aligned, w); });
     }
 }
 
@@ -599,10 +629,11 @@ template <int ALGO, int DT, int OP> __device__ void ipc_allreduce(const IpcArgs&
     else ipc_twoshot_push<DT, OP>(a, c, nvec);
     if (*c.dead) return;
     ipc_lamport_housekeeping(a, c, ALGO, nvec);
-    // Make this block's stores (resets included) visible before the call is counted done.
-    __threadfence_system();
+    // The resets need no fence: peers write into that buffer only two calls later, after
+    // kernel boundaries and after seeing data this rank sends in the next call.
     __syncthreads();
     if (threadIdx.x == 0) {
+        __threadfence();
         const uint32_t finished = atomicAdd(&state->done, 1u);
         if (finished == gridDim.x - 1) {
             state->done = 0;

@@ -6,7 +6,7 @@
 # Logs go to $OUT (the device tool's output folder) or /tmp/ipc-out. Each step is bounded
 # by `timeout`, so one hang cannot eat the lease. Usage:
 #   bash gpu-bundle-ipc/device-run.sh [STEPS...]
-# Steps: kernels, bench, checkN (ipc_check under mpirun -np N), perf-ALGO (allreduce-perf
+# Steps: kernels, bench, bench-wide (256 threads x 32 blocks per rank), checkN (ipc_check under mpirun -np N), perf-ALGO (allreduce-perf
 # --backend ipc --algo ALGO --check, 4 ranks); default: all but kernels (CI builds those).
 set -uo pipefail
 B=${BUNDLE:-gpu-bundle-ipc}
@@ -33,6 +33,7 @@ for s in $steps; do
   case $s in
     kernels) step kernels 200 "$B/kernels" --arch sm_80,sm_90,sm_100,sm_120 ;;
     bench) step bench 200 "$B/ipc_bench" --ranks 8 --iters 1000 --batch 20 ;;
+    bench-wide) step bench-wide 200 "$B/ipc_bench" --ranks 8 --iters 1000 --batch 20 --threads 256 --max-blocks 32 ;;
     check[0-9]*)
       np=${s#check}
       extra=""; [ "$np" -ge 8 ] && extra="--quick"

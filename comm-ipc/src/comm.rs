@@ -414,7 +414,7 @@ impl IpcComm {
             rank: self.rank as u32,
             world: self.world as u32,
             aligned: u32::from(send % 16 == 0 && recv % 16 == 0),
-            pad: 0,
+            gpu_scope: u32::from(self.region.sharing() == self.world),
         };
         let blocks = grid(
             plan.algorithm,

@@ -46,7 +46,7 @@ pub(crate) struct KernelArgs {
     pub rank: u32,
     pub world: u32,
     pub aligned: u32,
-    pub pad: u32,
+    pub gpu_scope: u32,
 }
 
 /// Elements in one 16-byte vector.
