@@ -426,20 +426,11 @@ impl IpcComm {
         );
         let op = call.op.unwrap_or(ReduceOp::Sum);
         self.kernels.launch(
-            plan.algorithm,
-            call.dtype,
-            op,
-            blocks,
-            self.config.threads,
+            (plan.algorithm, call.dtype, op),
+            (blocks, self.config.threads),
             stream,
             &args,
         )
-    }
-
-    /// This rank's region base (for tests of the layout).
-    #[doc(hidden)]
-    pub fn region_ptr(&self) -> u64 {
-        self.region.ptr(self.rank)
     }
 }
 

@@ -107,18 +107,17 @@ impl Kernels {
         })
     }
 
-    /// Enqueues one all-reduce on `stream`.
+    /// Enqueues the kernel of `(algorithm, dtype, op)` on `stream` with `(blocks,
+    /// threads)`.
     pub(crate) fn launch(
         &self,
-        algorithm: Algorithm,
-        dtype: DType,
-        op: ReduceOp,
-        blocks: u32,
-        threads: u32,
+        kernel: (Algorithm, DType, ReduceOp),
+        (blocks, threads): (u32, u32),
         stream: RawStream,
         args: &KernelArgs,
     ) -> Result<()> {
-        let f = self.functions.get(&(algorithm, dtype, op)).ok_or_else(|| {
+        let (algorithm, dtype, op) = kernel;
+        let f = self.functions.get(&kernel).ok_or_else(|| {
             Error::Unsupported(format!("ipc: no kernel for {algorithm} {dtype} {op}"))
         })?;
         self.ctx.bind_to_thread().map_err(driver_error)?;

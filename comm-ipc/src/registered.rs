@@ -157,11 +157,6 @@ impl Registered {
         &mut self.buf
     }
 
-    /// Rank `rank`'s address in this process.
-    pub(crate) fn ptr(&self, rank: usize) -> u64 {
-        self.ptrs[rank]
-    }
-
     /// The device table of every rank's address.
     pub(crate) fn table(&self) -> u64 {
         self.table.device_ptr()
