@@ -9,7 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use comm_core::{Bootstrap, Error, Result, ThreadsBootstrap};
+use comm_core::{Bootstrap, EnvBootstrap, Error, Result, ThreadsBootstrap};
 
 use crate::backends::{RankContext, ThreadGroup};
 
@@ -98,9 +98,7 @@ fn process_bootstrap(mode: Mode) -> Result<Arc<dyn Bootstrap>> {
         Mode::Threads => Err(Error::InvalidArgument(
             "in-process ranks are started with run_threads".into(),
         )),
-        Mode::Env => Err(Error::Unsupported(
-            "the env bootstrap is not in this build yet".into(),
-        )),
+        Mode::Env => Ok(Arc::new(EnvBootstrap::from_env()?)),
         Mode::Mpi => Err(Error::Unsupported(
             "this build has no MPI (rebuild with --features mpi)".into(),
         )),

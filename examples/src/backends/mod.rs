@@ -51,6 +51,14 @@ pub fn all() -> Vec<Backend> {
             create: create_local,
         },
         Backend {
+            name: "ipc",
+            about: "CUDA-IPC custom all-reduce, device memory, ranks may share a GPU (comm_ipc::IpcComm)",
+            modes: &Mode::ALL,
+            // Needs a GPU: measured when asked for.
+            default: false,
+            create: create_ipc,
+        },
+        Backend {
             name: "nccl",
             about: "NCCL on device memory, one GPU per rank (comm_nccl::NcclComm)",
             modes: &Mode::ALL,
@@ -85,7 +93,18 @@ pub fn defaults(mode: Mode) -> Vec<Backend> {
         .collect()
 }
 
+/// Backends without named algorithms refuse `--algo`.
+fn refuse_algorithm(ctx: &RankContext, backend: &str) -> Result<()> {
+    match ctx.algorithm() {
+        None => Ok(()),
+        Some(name) => Err(Error::Unsupported(format!(
+            "{backend} has no algorithm `{name}`"
+        ))),
+    }
+}
+
 fn create_local(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    refuse_algorithm(ctx, "local")?;
     let group = ctx.thread_group().ok_or_else(|| {
         Error::Unsupported(
             "local: needs in-process ranks (run without a launcher, or use --bootstrap threads)"
@@ -96,7 +115,14 @@ fn create_local(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
     Ok(Box::new(comm))
 }
 
+fn create_ipc(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    let comm = comm_ipc::IpcComm::from_bootstrap(ctx.bootstrap().clone())?;
+    comm.set_algorithm(ctx.algorithm())?;
+    Ok(Box::new(comm))
+}
+
 fn create_nccl(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    refuse_algorithm(ctx, "nccl")?;
     Ok(Box::new(comm_nccl::NcclComm::from_bootstrap(
         &**ctx.bootstrap(),
     )?))

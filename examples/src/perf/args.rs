@@ -40,6 +40,8 @@ OPTIONS:
     --backend NAME       backend to measure; repeat or comma-separate for several
                          (one table each) [default: every default backend of the mode]
     --list-backends      print the backends of this build and exit
+    --algo NAME          algorithm the backend should use (ipc: oneshot-pull,
+                         twoshot-pull, oneshot-push, twoshot-push) [default: its choice]
     --ranks N            in-process ranks when not under a launcher [default: 4]
     --bootstrap MODE     threads, env or mpi [default: detected: env or mpi under
                          mpirun/torchrun, else threads]
@@ -75,6 +77,8 @@ pub struct Args {
     pub backends: Vec<String>,
     /// Print the registry and exit.
     pub list_backends: bool,
+    /// Algorithm asked of the backend.
+    pub algo: Option<String>,
     /// In-process ranks; `None` means the default (4).
     pub ranks: Option<usize>,
     /// How ranks meet; `None` means detected.
@@ -143,6 +147,7 @@ where
         warmup: None,
         backends: Vec::new(),
         list_backends: false,
+        algo: None,
         ranks: None,
         bootstrap: None,
         in_place: false,
@@ -191,6 +196,7 @@ where
                 }
             }
             Long("list-backends") => out.list_backends = true,
+            Long("algo") => out.algo = Some(string(&mut parser, "--algo")?),
             Long("ranks") => out.ranks = Some(count(&mut parser, "--ranks", 1)?),
             Long("bootstrap") => {
                 out.bootstrap = Some(

@@ -115,6 +115,7 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
         check: args.check,
         in_place: args.in_place,
         seed,
+        algorithm: args.algo.clone(),
     };
     let progress = Progress::stderr();
     let observe = |event: Event<'_>| {

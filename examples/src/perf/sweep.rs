@@ -54,6 +54,8 @@ pub struct SweepConfig {
     pub in_place: bool,
     /// Seed of the input data; every rank must use the same.
     pub seed: u64,
+    /// Algorithm to ask the backend for (`--algo`); `None` leaves the choice to it.
+    pub algorithm: Option<String>,
 }
 
 /// One size of the sweep, as run.
@@ -150,6 +152,7 @@ pub fn run_rank(
     cfg: &SweepConfig,
     observe: &(dyn Fn(Event<'_>) + Sync),
 ) -> Result<Vec<Row>> {
+    let ctx = &ctx.clone().with_algorithm(cfg.algorithm.clone());
     let comm = create(ctx)?;
     if comm.world_size() != ctx.world_size() || comm.rank() != ctx.rank() {
         return Err(Error::Mismatch(format!(
@@ -384,6 +387,7 @@ mod tests {
             check: false,
             in_place: false,
             seed: 1,
+            algorithm: None,
         }
     }
 
