@@ -93,6 +93,19 @@ impl FabricParams {
                 ring_step_us: 1.2,
                 ring_efficiency: 0.85,
             },
+            // Every rank on one GPU: peers' buffers are local HBM (~4 TB/s copy on an H200).
+            Fabric::SameDevice => FabricParams {
+                launch_us: 2.0,
+                barrier_us: 1.0,
+                write_gbps: 2000.0,
+                read_gbps: 2000.0,
+                shared_gbps: Some(4000.0),
+                read_contention: 0.0,
+                kernel_efficiency: 0.6,
+                ring_launch_us: 6.0,
+                ring_step_us: 1.2,
+                ring_efficiency: 0.85,
+            },
             // PCIe Gen5 x16 GPUs behind one switch; NCCL ~200 us at 42 KB on 8 GPUs (seeds).
             Fabric::Pcie => FabricParams {
                 launch_us: 4.0,

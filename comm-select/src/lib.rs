@@ -4,8 +4,9 @@
 //! size and message size, and a wrong guess cost 2x on the machine in the seeds. This
 //! crate holds the pieces of that decision:
 //!
-//! - [`Topology`]: per-pair links (NVLink, PCIe class, P2P, peer atomics), shared by every
-//!   rank through the bootstrap, loadable from a file for machines that cannot be probed;
+//! - [`Topology`]: per-pair links (NVLink, PCIe class, P2P, peer atomics), [`probe`]d
+//!   through CUDA and NVML (feature `cuda`) and shared by every rank through the bootstrap,
+//!   or loaded from a file for machines that cannot be probed;
 //! - [`CostModel`]: latency + bandwidth + switch contention per algorithm pattern;
 //! - [`TuningTable`]: times measured on this host (`allreduce-perf --tune`), which beat
 //!   the model;
@@ -16,11 +17,13 @@
 #![warn(missing_docs)]
 
 pub mod cost;
+mod probe;
 mod select;
 pub mod topology;
 pub mod tuning;
 
 pub use cost::CostModel;
+pub use probe::probe;
 pub use select::{CallInfo, Choice, SelectComm, SelectOptions, Source};
 pub use topology::{Fabric, Link, PciePath, Topology};
 pub use tuning::{Measurement, TuningTable};

@@ -20,6 +20,8 @@ pub enum PciePath {
     Pxb,
     /// Through a PCIe host bridge (the CPU).
     Phb,
+    /// Across host bridges within one NUMA node.
+    Node,
     /// Across the CPUs' interconnect (another NUMA node).
     Sys,
     /// Not known.
@@ -78,6 +80,16 @@ impl Link {
         }
     }
 
+    /// Two ranks driving the same GPU.
+    pub const SAME_DEVICE: Link = Link {
+        same_node: true,
+        same_device: true,
+        nvlinks: 0,
+        pcie: PciePath::Unknown,
+        p2p: true,
+        peer_atomics: true,
+    };
+
     /// Ranks on different nodes.
     pub const REMOTE: Link = Link {
         same_node: false,
@@ -103,6 +115,8 @@ pub struct Topology {
 pub enum Fabric {
     /// One rank only.
     Single,
+    /// Every rank drives the same GPU (multi-process testing on one device).
+    SameDevice,
     /// GPUs of one node, all pairs joined by NVLink.
     NvLink,
     /// GPUs of one node, PCIe only, P2P possible between all pairs.
@@ -172,6 +186,8 @@ impl Topology {
         let links = |f: fn(&Link) -> bool| pairs().all(|(i, j)| f(&self.links[i][j]));
         if !links(|l| l.same_node) {
             Fabric::MultiNode
+        } else if links(|l| l.same_device) {
+            Fabric::SameDevice
         } else if links(|l| l.nvlinks > 0) {
             Fabric::NvLink
         } else if links(|l| l.p2p) {

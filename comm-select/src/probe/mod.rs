@@ -1,0 +1,159 @@
+//! Probing the topology: which ranks share a node, a GPU, NVLink or a PCIe switch.
+//!
+//! Every rank contributes its identity (host name, and with feature `cuda` its GPU's PCI
+//! bus id); then each rank classifies its links to every peer from its own point of view,
+//! through CUDA (peer access, native peer atomics) and NVML (NVLink, PCIe path class), and
+//! the rows are exchanged so that every rank holds the same matrix
+//! ([`Topology::agree`]). Nothing here panics without a GPU or without the libraries: what
+//! cannot be probed is reported as unknown or as plain host memory.
+
+#[cfg(feature = "cuda")]
+mod nvml;
+
+use comm_core::{Bootstrap, Error, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::topology::{Link, Topology};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Identity {
+    host: String,
+    bus_id: Option<String>,
+}
+
+/// Collective: probes the links between every pair of ranks. `device` is the CUDA ordinal
+/// this rank uses (`None`: a host-only rank).
+pub fn probe(bootstrap: &dyn Bootstrap, device: Option<usize>) -> Result<Topology> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "localhost".into());
+    let bus_id = match device {
+        Some(ordinal) => gpu::bus_id(ordinal)?,
+        None => None,
+    };
+    let me = Identity { host, bus_id };
+    let all: Vec<Identity> = bootstrap
+        .all_gather_bytes(&serde_json::to_vec(&me).expect("identity serialises"))?
+        .iter()
+        .map(|b| serde_json::from_slice(b))
+        .collect::<Result<_, _>>()
+        .map_err(|e| Error::Bootstrap(format!("malformed topology identity: {e}")))?;
+    let node = |id: &Identity| all.iter().position(|o| o.host == id.host).expect("present");
+    let row = all
+        .iter()
+        .map(|peer| {
+            if peer.host != me.host {
+                return Link::REMOTE;
+            }
+            match (&me.bus_id, &peer.bus_id, device) {
+                (Some(a), Some(b), _) if a == b => Link::SAME_DEVICE,
+                (Some(a), Some(b), Some(ordinal)) => gpu::link(ordinal, a, b),
+                _ => Link::HOST,
+            }
+        })
+        .collect();
+    Topology::agree(bootstrap, node(&me), row)
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use std::ffi::{CStr, c_char};
+
+    use comm_core::cuda::cudarc::driver::{result, sys};
+    use comm_core::cuda::{driver_error, probe};
+    use comm_core::{Error, Result};
+
+    use super::nvml;
+    use crate::topology::{Link, PciePath};
+
+    /// The PCI bus id of CUDA device `ordinal` (`0000:18:00.0`).
+    pub(super) fn bus_id(ordinal: usize) -> Result<Option<String>> {
+        probe::driver()?;
+        let dev = result::device::get(ordinal as i32).map_err(driver_error)?;
+        let mut buf = [0 as c_char; 32];
+        // SAFETY: the buffer holds 32 bytes, as passed; the driver NUL-terminates.
+        let r = unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(Error::backend(
+                "cuda",
+                format!("cuDeviceGetPCIBusId: {r:?}"),
+            ));
+        }
+        // SAFETY: NUL-terminated by the driver.
+        let id = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        Ok(Some(id.to_string_lossy().to_lowercase()))
+    }
+
+    /// The link from this rank's GPU to the GPU with bus id `peer`, as seen from here.
+    pub(super) fn link(ordinal: usize, mine: &str, peer: &str) -> Link {
+        let mut link = Link {
+            p2p: false,
+            peer_atomics: false,
+            ..Link::pcie(PciePath::Unknown)
+        };
+        if let Some(info) = nvml::pair(mine, peer) {
+            link.nvlinks = info.nvlinks;
+            link.pcie = info.pcie;
+        }
+        // The peer's GPU may be invisible to this process (CUDA_VISIBLE_DEVICES): then
+        // P2P cannot be asked, and stays false.
+        let Ok(c_peer) = std::ffi::CString::new(peer) else {
+            return link;
+        };
+        let (Ok(me), mut other) = (result::device::get(ordinal as i32), 0 as sys::CUdevice) else {
+            return link;
+        };
+        // SAFETY: valid C string and out-pointer.
+        if unsafe { sys::cuDeviceGetByPCIBusId(&mut other, c_peer.as_ptr()) }
+            != sys::CUresult::CUDA_SUCCESS
+        {
+            return link;
+        }
+        let attribute = |attr| {
+            let mut value = 0;
+            // SAFETY: valid devices and out-pointer.
+            let r = unsafe { sys::cuDeviceGetP2PAttribute(&mut value, attr, me, other) };
+            r == sys::CUresult::CUDA_SUCCESS && value == 1
+        };
+        link.p2p = attribute(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED);
+        link.peer_atomics =
+            attribute(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED);
+        link
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod gpu {
+    use comm_core::{Error, Result};
+
+    use crate::topology::Link;
+
+    pub(super) fn bus_id(_ordinal: usize) -> Result<Option<String>> {
+        Err(Error::Unsupported(
+            "probing GPUs needs comm-select's feature `cuda`".into(),
+        ))
+    }
+
+    pub(super) fn link(_ordinal: usize, _mine: &str, _peer: &str) -> Link {
+        Link::HOST
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::Fabric;
+
+    #[test]
+    fn host_ranks_of_one_machine_share_host_memory() {
+        let handles: Vec<_> = comm_core::ThreadsBootstrap::create(3)
+            .into_iter()
+            .map(|b| std::thread::spawn(move || probe(&b, None).unwrap()))
+            .collect();
+        let all: Vec<Topology> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(all.iter().all(|t| *t == all[0]));
+        assert_eq!(all[0].fabric(), Fabric::HostMemory);
+        assert_eq!(all[0].nodes, vec![0, 0, 0]);
+    }
+}
