@@ -4,8 +4,8 @@
 //! mpirun -np 4 symm_check [--algos oneshot,twoshot,lamport] [--cycles 1000] [--quick]
 //! ```
 //!
-//! Per algorithm: the comm-core conformance suite on device memory; the fused all-reduce
-//! + residual add + RMSNorm against an f64 host reference on fresh random data, outputs
+//! Per algorithm: the comm-core conformance suite on device memory; the fused all-reduce,
+//! residual add and RMSNorm against an f64 host reference on fresh random data, outputs
 //! poisoned first, results compared bit for bit across ranks; a CUDA graph of an
 //! all-reduce and a fused op, replayed on new data. Then the heap primitives (signal ring,
 //! barrier), the timeout check (the last rank stays away: the others must get

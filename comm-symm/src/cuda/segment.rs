@@ -83,16 +83,14 @@ pub(crate) fn vmm_size(ctx: &CudaContext, bytes: usize) -> Result<usize> {
     let p = prop(ctx);
     let mut gran = 0usize;
     // SAFETY: valid out-pointer and property.
-    cu(
-        unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut gran,
-                &p,
-                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-            )
-        },
-        "cuMemGetAllocationGranularity",
-    )?;
+    let r = unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut gran,
+            &p,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    };
+    cu(r, "cuMemGetAllocationGranularity")?;
     Ok(bytes.max(1).next_multiple_of(gran.max(1)))
 }
 
@@ -113,10 +111,8 @@ impl VmmMapping {
         let p = prop(ctx);
         let mut handle = 0;
         // SAFETY: valid out-pointer and property; size is granularity-aligned.
-        cu(
-            unsafe { sys::cuMemCreate(&mut handle, size, &p, 0) },
-            "cuMemCreate",
-        )?;
+        let r = unsafe { sys::cuMemCreate(&mut handle, size, &p, 0) };
+        cu(r, "cuMemCreate")?;
         Self::map(ctx, handle, size)
     }
 
@@ -127,16 +123,14 @@ impl VmmMapping {
         let mut handle = 0;
         // SAFETY: the descriptor is open for the call; the driver takes its own reference
         // to the memory (the fd is passed by value, cast to a pointer, as documented).
-        cu(
-            unsafe {
-                sys::cuMemImportFromShareableHandle(
-                    &mut handle,
-                    fd.as_raw_fd() as isize as *mut std::ffi::c_void,
-                    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                )
-            },
-            "cuMemImportFromShareableHandle",
-        )?;
+        let r = unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as isize as *mut std::ffi::c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        };
+        cu(r, "cuMemImportFromShareableHandle")?;
         Self::map(ctx, handle, size)
     }
 
@@ -153,25 +147,19 @@ impl VmmMapping {
             mapped: false,
         };
         // SAFETY: valid out-pointer; no fixed address asked for.
-        cu(
-            unsafe { sys::cuMemAddressReserve(&mut m.ptr, size, 0, 0, 0) },
-            "cuMemAddressReserve",
-        )?;
+        let r = unsafe { sys::cuMemAddressReserve(&mut m.ptr, size, 0, 0, 0) };
+        cu(r, "cuMemAddressReserve")?;
         // SAFETY: the range was just reserved with this size; the handle is live.
-        cu(
-            unsafe { sys::cuMemMap(m.ptr, size, 0, handle, 0) },
-            "cuMemMap",
-        )?;
+        let r = unsafe { sys::cuMemMap(m.ptr, size, 0, handle, 0) };
+        cu(r, "cuMemMap")?;
         m.mapped = true;
         let access = sys::CUmemAccessDesc {
             location: location(ctx),
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         // SAFETY: the whole mapped range, one descriptor.
-        cu(
-            unsafe { sys::cuMemSetAccess(m.ptr, size, &access, 1) },
-            "cuMemSetAccess",
-        )?;
+        let r = unsafe { sys::cuMemSetAccess(m.ptr, size, &access, 1) };
+        cu(r, "cuMemSetAccess")?;
         Ok(m)
     }
 
@@ -179,17 +167,15 @@ impl VmmMapping {
     pub(crate) fn export(&self) -> Result<OwnedFd> {
         let mut fd: i32 = -1;
         // SAFETY: for POSIX descriptors the out-pointer is an int.
-        cu(
-            unsafe {
-                sys::cuMemExportToShareableHandle(
-                    &mut fd as *mut i32 as *mut std::ffi::c_void,
-                    self.handle,
-                    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                    0,
-                )
-            },
-            "cuMemExportToShareableHandle",
-        )?;
+        let r = unsafe {
+            sys::cuMemExportToShareableHandle(
+                &mut fd as *mut i32 as *mut std::ffi::c_void,
+                self.handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        };
+        cu(r, "cuMemExportToShareableHandle")?;
         if fd < 0 {
             return Err(Error::backend(
                 "cuda",
@@ -241,16 +227,14 @@ impl IpcMapping {
         }
         let mut ptr = 0;
         // SAFETY: a handle from `cuIpcGetMemHandle` of another process; closed on drop.
-        cu(
-            unsafe {
-                sys::cuIpcOpenMemHandle_v2(
-                    &mut ptr,
-                    h,
-                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
-                )
-            },
-            "cuIpcOpenMemHandle",
-        )?;
+        let r = unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut ptr,
+                h,
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+            )
+        };
+        cu(r, "cuIpcOpenMemHandle")?;
         Ok(IpcMapping {
             ctx: ctx.clone(),
             ptr,
