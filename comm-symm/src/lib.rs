@@ -11,11 +11,19 @@
 //! passing descriptors over Unix sockets (SCM_RIGHTS); nothing is named, so nothing is
 //! left behind when a process dies. [`SymmComm`] implements
 //! [`comm_core::Communicator`] on top of it, with one-shot, two-shot and Lamport (barrier-free) all-reduce.
+//!
+//! With feature `cuda`, [`cuda`] holds the device backing: a [`cuda::DeviceHeap`] of GPU
+//! memory (`cuMemCreate` segments exported as POSIX file descriptors, passed with
+//! [`fdpass`] and mapped by every local rank; legacy CUDA IPC where VMM is missing), its
+//! signal and barrier primitives as kernels, and [`cuda::CudaSymmComm`], the same
+//! algorithms on device memory plus the fused all-reduce + residual add + RMSNorm.
 
 #![warn(missing_docs)]
 
 mod algorithm;
 mod comm;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod fdpass;
 pub mod host;
 mod lamport;

@@ -1,0 +1,296 @@
+//! Device memory that other local processes can map: one rank's segment and the mappings
+//! of its peers' segments.
+//!
+//! VMM (preferred): `cuMemCreate` with a POSIX file-descriptor handle type, sized to the
+//! allocation granularity; `cuMemExportToShareableHandle` gives a descriptor that travels
+//! over a Unix socket (`fdpass`); a peer imports it (`cuMemImportFromShareableHandle`),
+//! reserves an address range, maps and enables read/write access for its device. Every
+//! descriptor is closed once imported; the physical memory lives until the last mapping
+//! of it is gone, so a rank may free its own segment while peers still hold theirs.
+//!
+//! Legacy CUDA IPC (where VMM or descriptor handles are missing): `cuMemAlloc` plus
+//! `cuIpcGetMemHandle`, opened by peers in other processes with `cuIpcOpenMemHandle`
+//! (a peer in this process uses the address directly: a process cannot open its own
+//! handles).
+//!
+//! Every driver call is checked; every resource is released on drop, and a half-built
+//! value releases what it already holds.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+use comm_core::cuda::cudarc::driver::{CudaContext, sys};
+use comm_core::cuda::{DeviceBuffer, driver_error};
+use comm_core::{Error, Result};
+
+/// Checks one raw driver call, naming it in the error.
+pub(crate) fn cu(r: sys::CUresult, what: &str) -> Result<()> {
+    r.result()
+        .map_err(|e| Error::backend("cuda", format!("{what}: {}", driver_error(e))))
+}
+
+/// How segments are allocated and shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backing {
+    /// VMM when every rank's device supports it, legacy CUDA IPC otherwise.
+    Auto,
+    /// `cuMemCreate` + POSIX file descriptors.
+    Vmm,
+    /// `cuMemAlloc` + CUDA IPC handles.
+    LegacyIpc,
+}
+
+impl Backing {
+    /// `auto`, `vmm` or `ipc`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim() {
+            "" | "auto" => Ok(Backing::Auto),
+            "vmm" => Ok(Backing::Vmm),
+            "ipc" | "legacy" => Ok(Backing::LegacyIpc),
+            other => Err(Error::InvalidArgument(format!(
+                "unknown symm backing `{other}` (auto, vmm or ipc)"
+            ))),
+        }
+    }
+}
+
+/// True when the device of `ctx` can create VMM memory with descriptor handles.
+pub(crate) fn vmm_supported(ctx: &CudaContext) -> bool {
+    let attr = |a| ctx.attribute(a).unwrap_or(0) != 0;
+    attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED)
+        && attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
+}
+
+fn location(ctx: &CudaContext) -> sys::CUmemLocation {
+    sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: ctx.ordinal() as i32,
+    }
+}
+
+fn prop(ctx: &CudaContext) -> sys::CUmemAllocationProp {
+    // SAFETY: an all-zero CUmemAllocationProp is valid (no handle types, no flags).
+    let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.requestedHandleTypes =
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    p.location = location(ctx);
+    p
+}
+
+/// `bytes` rounded up to the device's VMM granularity.
+pub(crate) fn vmm_size(ctx: &CudaContext, bytes: usize) -> Result<usize> {
+    let p = prop(ctx);
+    let mut gran = 0usize;
+    // SAFETY: valid out-pointer and property.
+    let r = unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut gran,
+            &p,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    };
+    cu(r, "cuMemGetAllocationGranularity")?;
+    Ok(bytes.max(1).next_multiple_of(gran.max(1)))
+}
+
+/// A VMM mapping: a reserved range, the memory mapped into it, the handle held.
+#[derive(Debug)]
+pub(crate) struct VmmMapping {
+    ctx: Arc<CudaContext>,
+    handle: sys::CUmemGenericAllocationHandle,
+    ptr: u64,
+    size: usize,
+    mapped: bool,
+}
+
+impl VmmMapping {
+    /// Creates `size` bytes (a multiple of the granularity) on `ctx`'s device, mapped here.
+    pub(crate) fn create(ctx: &Arc<CudaContext>, size: usize) -> Result<Self> {
+        ctx.bind_to_thread().map_err(driver_error)?;
+        let p = prop(ctx);
+        let mut handle = 0;
+        // SAFETY: valid out-pointer and property; size is granularity-aligned.
+        let r = unsafe { sys::cuMemCreate(&mut handle, size, &p, 0) };
+        cu(r, "cuMemCreate")?;
+        Self::map(ctx, handle, size)
+    }
+
+    /// Imports a peer's exported descriptor and maps it here. The descriptor is closed by
+    /// the caller (it is only borrowed).
+    pub(crate) fn import(ctx: &Arc<CudaContext>, fd: &OwnedFd, size: usize) -> Result<Self> {
+        ctx.bind_to_thread().map_err(driver_error)?;
+        let mut handle = 0;
+        // SAFETY: the descriptor is open for the call; the driver takes its own reference
+        // to the memory (the fd is passed by value, cast to a pointer, as documented).
+        let r = unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as isize as *mut std::ffi::c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        };
+        cu(r, "cuMemImportFromShareableHandle")?;
+        Self::map(ctx, handle, size)
+    }
+
+    fn map(
+        ctx: &Arc<CudaContext>,
+        handle: sys::CUmemGenericAllocationHandle,
+        size: usize,
+    ) -> Result<Self> {
+        let mut m = VmmMapping {
+            ctx: ctx.clone(),
+            handle,
+            ptr: 0,
+            size,
+            mapped: false,
+        };
+        // SAFETY: valid out-pointer; no fixed address asked for.
+        let r = unsafe { sys::cuMemAddressReserve(&mut m.ptr, size, 0, 0, 0) };
+        cu(r, "cuMemAddressReserve")?;
+        // SAFETY: the range was just reserved with this size; the handle is live.
+        let r = unsafe { sys::cuMemMap(m.ptr, size, 0, handle, 0) };
+        cu(r, "cuMemMap")?;
+        m.mapped = true;
+        let access = sys::CUmemAccessDesc {
+            location: location(ctx),
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the whole mapped range, one descriptor.
+        let r = unsafe { sys::cuMemSetAccess(m.ptr, size, &access, 1) };
+        cu(r, "cuMemSetAccess")?;
+        Ok(m)
+    }
+
+    /// Exports the memory as a POSIX file descriptor (owned by the caller).
+    pub(crate) fn export(&self) -> Result<OwnedFd> {
+        let mut fd: i32 = -1;
+        // SAFETY: for POSIX descriptors the out-pointer is an int.
+        let r = unsafe {
+            sys::cuMemExportToShareableHandle(
+                &mut fd as *mut i32 as *mut std::ffi::c_void,
+                self.handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        };
+        cu(r, "cuMemExportToShareableHandle")?;
+        if fd < 0 {
+            return Err(Error::backend(
+                "cuda",
+                "cuMemExportToShareableHandle gave no descriptor",
+            ));
+        }
+        // SAFETY: the driver created this descriptor for us; nothing else owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Start of the mapping in this process.
+    pub(crate) fn ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for VmmMapping {
+    fn drop(&mut self) {
+        // Failures leave nothing to undo; drop cannot report them.
+        let _ = self.ctx.bind_to_thread();
+        if self.mapped {
+            // SAFETY: mapped by `map` with this range, unmapped once.
+            let _ = unsafe { sys::cuMemUnmap(self.ptr, self.size) };
+        }
+        if self.ptr != 0 {
+            // SAFETY: reserved by `map` with this size, freed once.
+            let _ = unsafe { sys::cuMemAddressFree(self.ptr, self.size) };
+        }
+        // SAFETY: created or imported once, released once (the memory itself goes when
+        // the last mapping and handle of it are gone, in any process).
+        let _ = unsafe { sys::cuMemRelease(self.handle) };
+    }
+}
+
+/// A peer's legacy IPC allocation opened in this process, closed on drop.
+#[derive(Debug)]
+pub(crate) struct IpcMapping {
+    ctx: Arc<CudaContext>,
+    ptr: u64,
+}
+
+impl IpcMapping {
+    /// Opens a handle exported by another process of this node.
+    pub(crate) fn open(ctx: &Arc<CudaContext>, handle: &[u8; 64]) -> Result<Self> {
+        ctx.bind_to_thread().map_err(driver_error)?;
+        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+        for (dst, &src) in h.reserved.iter_mut().zip(handle) {
+            *dst = src as _;
+        }
+        let mut ptr = 0;
+        // SAFETY: a handle from `cuIpcGetMemHandle` of another process; closed on drop.
+        let r = unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut ptr,
+                h,
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+            )
+        };
+        cu(r, "cuIpcOpenMemHandle")?;
+        Ok(IpcMapping {
+            ctx: ctx.clone(),
+            ptr,
+        })
+    }
+
+    /// Start of the mapping in this process.
+    pub(crate) fn ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: opened by `open`, closed once.
+            let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+        }
+    }
+}
+
+/// This rank's own segment.
+#[derive(Debug)]
+pub(crate) enum Own {
+    /// VMM memory, mapped here.
+    Vmm(VmmMapping),
+    /// `cuMemAlloc` memory.
+    Legacy(DeviceBuffer),
+}
+
+impl Own {
+    pub(crate) fn ptr(&self) -> u64 {
+        match self {
+            Own::Vmm(m) => m.ptr(),
+            Own::Legacy(b) => b.device_ptr(),
+        }
+    }
+}
+
+/// A peer's segment as mapped here.
+#[derive(Debug)]
+pub(crate) enum Peer {
+    /// Imported VMM memory.
+    Vmm(VmmMapping),
+    /// An opened IPC handle.
+    Ipc(IpcMapping),
+    /// A peer of this process: its address as it is.
+    Direct(u64),
+}
+
+impl Peer {
+    pub(crate) fn ptr(&self) -> u64 {
+        match self {
+            Peer::Vmm(m) => m.ptr(),
+            Peer::Ipc(m) => m.ptr(),
+            Peer::Direct(p) => *p,
+        }
+    }
+}
