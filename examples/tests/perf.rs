@@ -21,7 +21,7 @@ fn config(sizes: &[u64], dtype: DType, op: ReduceOp, check: bool) -> SweepConfig
         check,
         in_place: false,
         seed: 12345,
-    algorithm: None,
+        algorithm: None,
     }
 }
 
