@@ -163,6 +163,9 @@ fn perf(args: &[&str]) -> std::process::Output {
         .args(args)
         .env_remove("OMPI_COMM_WORLD_SIZE")
         .env_remove("WORLD_SIZE")
+        .env_remove("RANK")
+        .env_remove("PMI_RANK")
+        .env_remove("OMPI_COMM_WORLD_RANK")
         .output()
         .expect("allreduce-perf starts")
 }

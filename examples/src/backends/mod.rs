@@ -9,7 +9,7 @@
 
 mod context;
 
-use comm_core::{Communicator, Error, LocalComm, Result};
+use comm_core::{BootstrapComm, Communicator, Error, LocalComm, Result};
 
 pub use context::{RankContext, SharedBootstrap, ThreadGroup};
 
@@ -42,13 +42,22 @@ impl Backend {
 
 /// Every backend compiled into this build, in the order they are measured by default.
 pub fn all() -> Vec<Backend> {
-    vec![Backend {
-        name: "local",
-        about: "threads of one process sharing memory (comm_core::LocalComm)",
-        modes: &[Mode::Threads],
-        default: true,
-        create: create_local,
-    }]
+    vec![
+        Backend {
+            name: "local",
+            about: "threads of one process sharing memory (comm_core::LocalComm)",
+            modes: &[Mode::Threads],
+            default: true,
+            create: create_local,
+        },
+        Backend {
+            name: "bootstrap",
+            about: "data through the job's bootstrap, any launch (comm_core::BootstrapComm)",
+            modes: &[Mode::Threads, Mode::Env, Mode::Mpi],
+            default: true,
+            create: create_bootstrap,
+        },
+    ]
 }
 
 /// Looks a backend up by name; the error lists the known names.
@@ -86,6 +95,10 @@ fn create_local(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
     Ok(Box::new(comm))
 }
 
+fn create_bootstrap(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    Ok(Box::new(BootstrapComm::new(ctx.shared_bootstrap())))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,6 +117,7 @@ mod tests {
     #[test]
     fn every_mode_with_defaults_runs_them() {
         assert!(defaults(Mode::Threads).iter().any(|b| b.name == "local"));
+        assert!(defaults(Mode::Env).iter().any(|b| b.name == "bootstrap"));
         for mode in [Mode::Threads, Mode::Env, Mode::Mpi] {
             assert!(defaults(mode).iter().all(|b| b.runs_in(mode)));
         }

@@ -35,8 +35,10 @@ OPTIONS:
     -f, --factor F       growth factor of a MIN:MAX range, > 1 [default: 2]
     -d, --dtype T        f32, f64, f16, bf16, i32, i64, u8 [default: f32]
     -o, --op OP          sum, prod, min, max, avg [default: sum]
-    -n, --iters N        timed iterations per size [default: 20, fewer for large sizes]
-    -w, --warmup N       untimed iterations per size [default: 5, fewer for large sizes]
+    -n, --iters N        timed iterations per size [default: as many as fit in 0.25 s,
+                         3 to 20, from the slowest rank's first call]
+    -w, --warmup N       untimed iterations per size [default: as many as fit in 0.05 s,
+                         1 to 5]
     --backend NAME       backend to measure; repeat or comma-separate for several
                          (one table each) [default: every default backend of the mode]
     --list-backends      print the backends of this build and exit
