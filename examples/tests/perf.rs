@@ -194,6 +194,8 @@ fn binary_runs_a_checked_sweep_and_writes_files() {
     let out = perf(&[
         "--sizes",
         "8,4K,64K",
+        "--backend",
+        "local,bootstrap",
         "--ranks",
         "2",
         "--iters",
@@ -220,8 +222,28 @@ fn binary_runs_a_checked_sweep_and_writes_files() {
     );
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(doc["results"].as_array().unwrap().len(), 3);
-    assert_eq!(std::fs::read_to_string(&csv).unwrap().lines().count(), 4);
+    let results = doc["results"].as_array().unwrap();
+    let backends: Vec<&str> = results
+        .iter()
+        .map(|r| r["backend"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        backends,
+        [
+            "local",
+            "local",
+            "local",
+            "bootstrap",
+            "bootstrap",
+            "bootstrap"
+        ]
+    );
+    assert!(
+        results
+            .iter()
+            .all(|r| r["wrong"] == 0 && r["dtype"] == "bf16")
+    );
+    assert_eq!(std::fs::read_to_string(&csv).unwrap().lines().count(), 7);
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
     for f in [json, csv, svg] {
         let _ = std::fs::remove_file(f);
