@@ -84,6 +84,15 @@ pub fn launched() -> bool {
     !matches!(LaunchInfo::detect(), Ok(None))
 }
 
+/// This process's rank as its launcher announced it; 0 without a launcher, or when the
+/// launcher's variables cannot be read (the bootstrap reports those).
+pub fn launcher_rank() -> usize {
+    LaunchInfo::detect()
+        .ok()
+        .flatten()
+        .map_or(0, |info| info.rank)
+}
+
 /// Builds this process's rank context in a multi-process `mode`.
 pub fn process_context(mode: Mode) -> Result<RankContext> {
     Ok(RankContext::process(mode, process_bootstrap(mode)?))

@@ -15,7 +15,7 @@ use super::progress::Progress;
 use super::report::{self, Row, TableHeader};
 use super::sweep::{Event, SweepConfig, run_in_process, run_rank};
 use crate::backends::{self, Backend};
-use crate::launch::{Mode, process_context};
+use crate::launch::{Mode, launcher_rank, process_context};
 
 /// In-process ranks when `--ranks` is not given.
 pub const DEFAULT_RANKS: usize = 4;
@@ -51,7 +51,10 @@ pub fn main() -> ExitCode {
 }
 
 fn usage_error(msg: &str) -> ExitCode {
-    eprintln!("allreduce-perf: {msg}\n(see allreduce-perf --help)");
+    // Under a launcher every rank finds the same fault: one message is enough.
+    if launcher_rank() == 0 {
+        eprintln!("allreduce-perf: {msg}\n(see allreduce-perf --help)");
+    }
     ExitCode::from(2)
 }
 
