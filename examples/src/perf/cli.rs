@@ -17,6 +17,15 @@ use super::sweep::{Event, SweepConfig, run_in_process, run_rank};
 use crate::backends::{self, Backend};
 use crate::launch::{Mode, launcher_rank, process_context};
 
+/// `println!` that ignores a closed stdout (`allreduce-perf | head`): the sweep goes on
+/// and still writes the files asked for, instead of panicking on a rank's thread.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 /// In-process ranks when `--ranks` is not given.
 pub const DEFAULT_RANKS: usize = 4;
 
@@ -33,7 +42,7 @@ pub enum CliError {
 pub fn main() -> ExitCode {
     let args = match args::parse(std::env::args_os().skip(1)) {
         Ok(Parsed::Help) => {
-            print!("{USAGE}");
+            out!("{}", USAGE.trim_end());
             return ExitCode::SUCCESS;
         }
         Ok(Parsed::Run(args)) => args,
@@ -64,7 +73,7 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
     if args.list_backends {
         for b in backends::all() {
             let modes: Vec<&str> = b.modes.iter().map(|m| m.name()).collect();
-            println!("{:<12} {} [{}]", b.name, b.about, modes.join(", "));
+            out!("{:<12} {} [{}]", b.name, b.about, modes.join(", "));
         }
         return Ok(true);
     }
@@ -133,22 +142,22 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
             } => progress.starting(backend, index, total, bytes),
             Event::Finished(row) => {
                 progress.clear();
-                println!("{}", report::format_row(row));
+                out!("{}", report::format_row(row));
             }
         }
     };
     if root {
-        println!("# comm allreduce-perf {}", env!("CARGO_PKG_VERSION"));
+        out!("# comm allreduce-perf {}", env!("CARGO_PKG_VERSION"));
         if args.check {
-            println!("# seed: {seed} (--seed {seed} reproduces the checked data)");
+            out!("# seed: {seed} (--seed {seed} reproduces the checked data)");
         }
     }
     let mut rows: Vec<Row> = Vec::new();
     let mut ok = true;
     for backend in &selected {
         if root {
-            println!("#");
-            println!(
+            out!("#");
+            out!(
                 "{}",
                 report::header(&TableHeader {
                     backend: backend.name,
@@ -170,7 +179,7 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
         match result {
             Ok(got) => {
                 if root {
-                    println!("{}", report::footer(&got));
+                    out!("{}", report::footer(&got));
                 }
                 ok &= !got.iter().any(Row::failed);
                 rows.extend(got);

@@ -249,6 +249,9 @@ impl Run<'_> {
         let largest = points.iter().map(|p| p.count).max().unwrap_or(0);
         let mut send = vec![T::poison(); largest];
         let mut recv = vec![T::poison(); if cfg.in_place { 0 } else { largest }];
+        // Threads that are still starting would make the first size's first call look
+        // slow, and the iteration count fitted to it too small.
+        self.sync(use_comm_barrier)?;
         let mut rows = Vec::with_capacity(points.len());
         for (index, point) in points.iter().enumerate() {
             (self.observe)(Event::Starting {
@@ -293,18 +296,15 @@ impl Run<'_> {
         for _ in 0..warmup {
             self.call(send, recv)?;
         }
-        if use_comm_barrier {
-            self.comm.barrier()?;
-        } else {
-            self.ctl.barrier()?;
-        }
+        self.sync(use_comm_barrier)?;
         let mut times = Vec::with_capacity(iters);
         for _ in 0..iters {
             let start = Instant::now();
             self.call(send, recv)?;
             times.push(start.elapsed());
         }
-        let median_us = median(&mut times).as_secs_f64() * 1e6;
+        // Nanoseconds are the clock's resolution; more digits would be noise in the JSON.
+        let median_us = (median(&mut times).as_secs_f64() * 1e9).round() / 1e3;
         if !cfg.check {
             return Ok((
                 iters,
@@ -328,6 +328,15 @@ impl Run<'_> {
                 fingerprint: fingerprint(BufferRef::host(out).host_bytes().unwrap_or_default()),
             },
         ))
+    }
+
+    /// Waits for every rank: on the communicator under test when it has a barrier.
+    fn sync(&self, use_comm_barrier: bool) -> Result<()> {
+        if use_comm_barrier {
+            self.comm.barrier()
+        } else {
+            self.ctl.barrier()
+        }
     }
 
     fn call<T: Value>(&self, send: &mut [T], recv: &mut [T]) -> Result<()> {
