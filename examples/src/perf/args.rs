@@ -28,7 +28,8 @@ USAGE:
     mpirun -np N allreduce-perf [OPTIONS]     (one rank per process)
 
 OPTIONS:
-    --sizes SPEC         sizes in bytes: MIN:MAX (grown by --factor), or a comma list;
+    --sizes SPEC         sizes in bytes: MIN:MAX (grown by --factor), MIN:MAX:FACTOR,
+                         or a comma list;
                          suffixes K, M, G (powers of 1024) [default: 8:64M]
     -b, --minbytes N     MIN of the range (with -e)
     -e, --maxbytes N     MAX of the range (with -b)
@@ -270,11 +271,21 @@ pub fn parse_bytes(text: &str) -> Result<u64, ArgError> {
     Ok(bytes)
 }
 
-/// Parses a size spec: `MIN:MAX` (with `factor`, default 2) or a comma list.
+/// Parses a size spec: `MIN:MAX` (with `factor`, default 2), `MIN:MAX:FACTOR`, or a
+/// comma list.
 pub fn parse_sizes(spec: &str, factor: Option<f64>) -> Result<Vec<u64>, ArgError> {
     let spec = spec.trim();
-    if let Some((lo, hi)) = spec.split_once(':') {
-        return geometric(parse_bytes(lo)?, parse_bytes(hi)?, factor.unwrap_or(2.0));
+    let parts: Vec<&str> = spec.split(':').collect();
+    match parts[..] {
+        [lo, hi] => return geometric(parse_bytes(lo)?, parse_bytes(hi)?, factor.unwrap_or(2.0)),
+        [lo, hi, f] => {
+            if factor.is_some() {
+                return err(format!("`{spec}` has a factor already; drop --factor"));
+            }
+            return geometric(parse_bytes(lo)?, parse_bytes(hi)?, parse_factor(f)?);
+        }
+        [_] => {}
+        _ => return err(format!("`{spec}` is not MIN:MAX, MIN:MAX:FACTOR or a list")),
     }
     if factor.is_some() {
         return err("--factor applies to a MIN:MAX range, not to a list of sizes");
@@ -355,6 +366,10 @@ mod tests {
         );
         assert_eq!(parse_sizes("1M,4K,4K", None).unwrap(), vec![4096, 1 << 20]);
         assert_eq!(parse_sizes("1:3", Some(1.1)).unwrap(), vec![1, 2, 3]);
+        assert_eq!(
+            parse_sizes("1K:64K:8", None).unwrap(),
+            vec![1024, 8192, 65536]
+        );
         let default = parse_sizes(DEFAULT_SIZES, None).unwrap();
         assert_eq!((default[0], *default.last().unwrap()), (8, 64 << 20));
     }
@@ -368,7 +383,9 @@ mod tests {
             "0",
             "-8",
             "64M:8",
-            "1:1G:2",
+            "1:1G:x",
+            "1:2:3:4",
+            "1:8:1",
             "99999999999999G",
             "4,,8",
         ] {
@@ -376,6 +393,7 @@ mod tests {
         }
         assert!(parse_sizes("1:1G", Some(1.0000001)).is_err());
         assert!(parse_sizes("1,2", Some(2.0)).is_err());
+        assert!(parse_sizes("1:8:2", Some(2.0)).is_err());
     }
 
     #[test]
