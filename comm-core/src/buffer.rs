@@ -69,6 +69,19 @@ impl<'a> BufferRef<'a> {
         }
     }
 
+    /// Views host bytes as elements of `dtype`; the bytes must be aligned for `dtype` and a
+    /// whole number of elements.
+    pub fn from_host_bytes(bytes: &'a [u8], dtype: DType) -> Result<Self> {
+        check_host_bytes(bytes.as_ptr() as usize, bytes.len(), dtype)?;
+        Ok(BufferRef {
+            addr: bytes.as_ptr() as usize,
+            len: bytes.len() / dtype.size(),
+            dtype,
+            location: MemoryLocation::Host,
+            _borrow: PhantomData,
+        })
+    }
+
     /// Views `len` elements of `dtype` at device address `ptr`.
     ///
     /// # Safety
@@ -124,9 +137,11 @@ impl<'a> BufferRef<'a> {
     /// The bytes of a host view; `None` for device memory.
     pub fn host_bytes(&self) -> Option<&'a [u8]> {
         match self.location {
-            // SAFETY: host views are only built from a live `&'a [T]` of `bytes()` bytes.
             MemoryLocation::Host => {
-                Some(unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.bytes()) })
+                // SAFETY: host views are only built from a live `&'a [T]` of `bytes()` bytes.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.bytes()) };
+                Some(bytes)
             }
             MemoryLocation::Device { .. } => None,
         }
@@ -162,6 +177,19 @@ impl<'a> BufferMut<'a> {
             location: MemoryLocation::Host,
             _borrow: PhantomData,
         }
+    }
+
+    /// Views mutable host bytes as elements of `dtype`; the bytes must be aligned for
+    /// `dtype` and a whole number of elements.
+    pub fn from_host_bytes(bytes: &'a mut [u8], dtype: DType) -> Result<Self> {
+        check_host_bytes(bytes.as_ptr() as usize, bytes.len(), dtype)?;
+        Ok(BufferMut {
+            addr: bytes.as_mut_ptr() as usize,
+            len: bytes.len() / dtype.size(),
+            dtype,
+            location: MemoryLocation::Host,
+            _borrow: PhantomData,
+        })
     }
 
     /// Views `len` writable elements of `dtype` at device address `ptr`.
@@ -240,9 +268,11 @@ impl<'a> BufferMut<'a> {
     /// The bytes of a host view; `None` for device memory.
     pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
         match self.location {
-            // SAFETY: host views are only built from a live `&'a mut [T]` of `bytes()` bytes.
             MemoryLocation::Host => {
-                Some(unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.bytes()) })
+                // SAFETY: host views are only built from a live `&'a mut [T]` of `bytes()` bytes.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.bytes()) };
+                Some(bytes)
             }
             MemoryLocation::Device { .. } => None,
         }
@@ -266,6 +296,15 @@ impl<'a> BufferMut<'a> {
             ))
         })
     }
+}
+
+fn check_host_bytes(addr: usize, len: usize, dtype: DType) -> Result<()> {
+    if addr % dtype.size() != 0 || len % dtype.size() != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{len} bytes at {addr:#x} are not a whole, aligned number of {dtype} elements"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -118,7 +118,10 @@ impl Capabilities {
         if !self.collectives.contains(&collective) {
             return refuse(format!("{collective} is not implemented"));
         }
-        if collective != Collective::Barrier && !self.dtypes.contains(&dtype) {
+        if collective == Collective::Barrier {
+            return Ok(());
+        }
+        if !self.dtypes.contains(&dtype) {
             return refuse(format!("dtype {dtype} is not supported"));
         }
         if let Some(op) = op {
@@ -202,6 +205,19 @@ pub trait Communicator: Send {
 
     /// Returns once every rank has entered the barrier.
     fn barrier(&self) -> Result<()>;
+
+    /// Uses `algorithm` (one of [`Capabilities::algorithms`]) for the following calls, or
+    /// the backend's own choice for `None`. Every rank must choose alike. Backends without
+    /// named algorithms accept only `None`.
+    fn set_algorithm(&self, algorithm: Option<&str>) -> Result<()> {
+        match algorithm {
+            None => Ok(()),
+            Some(name) => Err(Error::Unsupported(format!(
+                "{} has no algorithm `{name}`",
+                self.name()
+            ))),
+        }
+    }
 }
 
 /// Typed conveniences over any [`Communicator`], by blanket impl.
@@ -275,5 +291,8 @@ impl<C: Communicator + ?Sized> Communicator for Box<C> {
     }
     fn barrier(&self) -> Result<()> {
         (**self).barrier()
+    }
+    fn set_algorithm(&self, algorithm: Option<&str>) -> Result<()> {
+        (**self).set_algorithm(algorithm)
     }
 }

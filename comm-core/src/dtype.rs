@@ -182,7 +182,7 @@ impl FromStr for ReduceOp {
     }
 }
 
-/// A Rust type that maps to a [`DType`]. Implemented for `f32`, `f64`, [`f16`], [`bf16`],
+/// A Rust type that maps to a [`DType`]. Implemented for `f32`, `f64`, [`struct@f16`], [`struct@bf16`],
 /// `i32`, `i64` and `u8`; sealed, because backends rely on the mapping being exact.
 pub trait Element: bytemuck::Pod + Send + Sync + PartialEq + fmt::Debug + sealed::Sealed {
     /// The dtype this type is.

@@ -33,7 +33,15 @@ struct State<T> {
     deposits: [Vec<Option<T>>; 2],
     arrived: [usize; 2],
     results: [Option<Arc<[T]>>; 2],
-    aborted: Option<String>,
+    aborted: Option<Abort>,
+}
+
+/// Why an exchange stopped for good.
+#[derive(Debug, Clone)]
+struct Abort {
+    why: String,
+    /// Set when a peer never arrived: ranks that were waiting for it report a timeout too.
+    timed_out: Option<(String, Duration)>,
 }
 
 impl<T: Clone> Exchange<T> {
@@ -66,8 +74,8 @@ impl<T: Clone> Exchange<T> {
         let set = (round % 2) as usize;
         {
             let mut state = self.lock();
-            if let Some(why) = &state.aborted {
-                return Err(Error::Aborted(why.clone()));
+            if let Some(abort) = &state.aborted {
+                return Err(Error::Aborted(abort.why.clone()));
             }
             state.deposits[set][me] = Some(value);
             state.arrived[set] += 1;
@@ -110,8 +118,14 @@ impl<T: Clone> Exchange<T> {
                     .clone()
                     .expect("completed round has results"));
             }
-            if let Some(why) = &state.aborted {
-                return Err(Error::Aborted(why.clone()));
+            if let Some(abort) = &state.aborted {
+                return Err(match &abort.timed_out {
+                    Some((what, after)) => Error::Timeout {
+                        what: what.clone(),
+                        after: *after,
+                    },
+                    None => Error::Aborted(abort.why.clone()),
+                });
             }
             match deadline {
                 None => {
@@ -124,14 +138,14 @@ impl<T: Clone> Exchange<T> {
                     let now = Instant::now();
                     if now >= deadline {
                         let after = timeout.unwrap_or_default();
-                        state.aborted =
-                            Some(format!("a peer did not arrive for {what} within {after:?}"));
+                        let what = format!("{what} (a peer never arrived)");
+                        state.aborted = Some(Abort {
+                            why: format!("timed out after {after:?} waiting for {what}"),
+                            timed_out: Some((what.clone(), after)),
+                        });
                         drop(state);
                         self.round_done.notify_all();
-                        return Err(Error::Timeout {
-                            what: format!("{what} (peers never arrived)"),
-                            after,
-                        });
+                        return Err(Error::Timeout { what, after });
                     }
                     state = self
                         .round_done

@@ -28,14 +28,16 @@ pub mod conformance;
 pub mod dtype;
 pub mod error;
 mod exchange;
+#[cfg(feature = "mpi")]
+mod mpi_process;
 pub mod reduce;
 
-pub use backends::{BootstrapComm, LocalComm};
 #[cfg(feature = "mpi")]
 pub use backends::MpiComm;
+pub use backends::{BootstrapComm, LocalComm};
 #[cfg(feature = "mpi")]
 pub use bootstrap::MpiBootstrap;
-pub use bootstrap::{Bootstrap, EnvBootstrap, ThreadsBootstrap};
+pub use bootstrap::{Bootstrap, EnvBootstrap, LaunchInfo, ThreadsBootstrap};
 pub use buffer::{BufferMut, BufferRef, MemoryLocation, RawStream};
 pub use call::CallDescriptor;
 pub use communicator::{Capabilities, Collective, Communicator, CommunicatorExt};

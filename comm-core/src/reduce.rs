@@ -140,7 +140,7 @@ unsafe fn reduce_typed<T: Accumulate>(
     len: usize,
 ) {
     let n = sources.len();
-    // SAFETY (all arms): forwarded from `reduce_into`.
+    // SAFETY: forwarded from `reduce_into` (all arms).
     unsafe {
         match op {
             ReduceOp::Sum => blocks::<T>(sources, destinations, len, T::sum, |a| a),

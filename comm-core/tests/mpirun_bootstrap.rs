@@ -5,6 +5,7 @@ mod common;
 
 use std::time::Instant;
 
+use comm_core::conformance::{self, Config};
 use comm_core::{
     Bootstrap, BootstrapComm, Communicator, CommunicatorExt, EnvBootstrap, Error, ReduceOp, bf16,
 };
@@ -84,6 +85,15 @@ fn body() {
         .all_reduce_in_place_slice(&mut bad, ReduceOp::Sum)
         .unwrap_err();
     assert!(matches!(err, Error::Mismatch(_)), "rank {me}: {err}");
+
+    // The conformance suite, as separate processes.
+    let config = Config {
+        large_count: Some(1 << 20),
+        ..Config::default()
+    };
+    let report = conformance::run(&comm, &config).unwrap_or_else(|f| panic!("rank {me}: {f}"));
+    assert!(report.coverage_cases > 100, "{report:?}");
+    assert!(report.large_case && report.error_cases > 0, "{report:?}");
 
     // Latency of small all-reduces (informative).
     let rounds = 500;

@@ -104,6 +104,9 @@ fn process_bootstrap(mode: Mode) -> Result<Arc<dyn Bootstrap>> {
             "in-process ranks are started with run_threads".into(),
         )),
         Mode::Env => Ok(Arc::new(EnvBootstrap::from_env()?)),
+        #[cfg(feature = "mpi")]
+        Mode::Mpi => Ok(Arc::new(comm_core::MpiBootstrap::init()?)),
+        #[cfg(not(feature = "mpi"))]
         Mode::Mpi => Err(Error::Unsupported(
             "this build has no MPI (rebuild with --features mpi)".into(),
         )),

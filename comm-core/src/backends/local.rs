@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bootstrap::default_timeout;
-use crate::buffer::{BufferMut, BufferRef};
+use crate::buffer::{BufferMut, BufferRef, MemoryLocation};
 use crate::call::{CallDescriptor, settle};
 use crate::communicator::{Capabilities, Collective, Communicator};
 use crate::dtype::ReduceOp;
@@ -76,22 +76,23 @@ impl LocalComm {
     fn run(
         &self,
         verdict: Result<CallDescriptor>,
-        send: usize,
-        recv: usize,
+        (send, recv): (usize, usize),
+        locations: &[MemoryLocation],
         work: impl FnOnce(&CallDescriptor, &[Posting]),
     ) -> Result<()> {
         let verdict = verdict.and_then(|d| {
-            let location = crate::buffer::MemoryLocation::Host;
-            self.capabilities()
-                .check(
+            let caps = self.capabilities();
+            for &location in locations {
+                caps.check(
                     "local",
                     d.collective,
                     d.dtype,
                     d.op,
                     d.send_bytes(),
                     location,
-                )
-                .map(|()| d)
+                )?;
+            }
+            Ok(d)
         });
         let posting = Posting {
             verdict: verdict.as_ref().ok().copied(),
@@ -167,59 +168,82 @@ impl Communicator for LocalComm {
 
     fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
         let verdict = CallDescriptor::all_reduce(&send, &recv, op);
-        self.run(verdict, send.addr(), recv.addr(), |call, posts| {
-            self.reduce_my_chunk(call, posts)
-        })
+        self.run(
+            verdict,
+            (send.addr(), recv.addr()),
+            &[send.location(), recv.location()],
+            |call, posts| self.reduce_my_chunk(call, posts),
+        )
     }
 
     fn all_reduce_in_place(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<()> {
         let verdict = CallDescriptor::all_reduce_in_place(&buf, op);
-        self.run(verdict, buf.addr(), buf.addr(), |call, posts| {
-            self.reduce_my_chunk(call, posts)
-        })
+        self.run(
+            verdict,
+            (buf.addr(), buf.addr()),
+            &[buf.location()],
+            |call, posts| self.reduce_my_chunk(call, posts),
+        )
     }
 
     fn all_gather(&self, send: BufferRef<'_>, recv: BufferMut<'_>) -> Result<()> {
         let verdict = CallDescriptor::all_gather(&send, &recv, self.world_size);
-        self.run(verdict, send.addr(), recv.addr(), |call, posts| {
-            let bytes = call.send_bytes();
-            let mine = posts[self.rank].recv;
-            for (peer, post) in posts.iter().enumerate() {
-                // SAFETY: the peer's send holds `bytes` bytes and is only read during the
-                // call; this rank's recv holds `world_size * bytes` and only this rank
-                // writes it; send and recv of one rank are distinct borrows.
-                unsafe { copy_bytes(post.send, mine + peer * bytes, bytes) }
-            }
-        })
+        self.run(
+            verdict,
+            (send.addr(), recv.addr()),
+            &[send.location(), recv.location()],
+            |call, posts| {
+                let bytes = call.send_bytes();
+                let mine = posts[self.rank].recv;
+                for (peer, post) in posts.iter().enumerate() {
+                    // SAFETY: the peer's send holds `bytes` bytes and is only read during the
+                    // call; this rank's recv holds `world_size * bytes` and only this rank
+                    // writes it; send and recv of one rank are distinct borrows.
+                    unsafe { copy_bytes(post.send, mine + peer * bytes, bytes) }
+                }
+            },
+        )
     }
 
     fn reduce_scatter(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
         let verdict = CallDescriptor::reduce_scatter(&send, &recv, op, self.world_size);
-        self.run(verdict, send.addr(), recv.addr(), |call, posts| {
-            let size = call.dtype.size();
-            let share = call.count as usize / self.world_size;
-            let offset = self.rank * share * size;
-            let sources: Vec<usize> = posts.iter().map(|p| p.send + offset).collect();
-            let op = call.op.expect("reduce_scatter has an op");
-            // SAFETY: every send holds `world_size * share` elements, so `share` elements
-            // from `offset` are in bounds; only this rank writes its recv of `share`.
-            unsafe { reduce_into(call.dtype, op, &sources, &[posts[self.rank].recv], share) }
-        })
+        self.run(
+            verdict,
+            (send.addr(), recv.addr()),
+            &[send.location(), recv.location()],
+            |call, posts| {
+                let size = call.dtype.size();
+                let share = call.count as usize / self.world_size;
+                let offset = self.rank * share * size;
+                let sources: Vec<usize> = posts.iter().map(|p| p.send + offset).collect();
+                let op = call.op.expect("reduce_scatter has an op");
+                // SAFETY: every send holds `world_size * share` elements, so `share` elements
+                // from `offset` are in bounds; only this rank writes its recv of `share`.
+                unsafe { reduce_into(call.dtype, op, &sources, &[posts[self.rank].recv], share) }
+            },
+        )
     }
 
     fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<()> {
         let verdict = CallDescriptor::broadcast(&buf, root, self.world_size);
-        self.run(verdict, buf.addr(), buf.addr(), |call, posts| {
-            if self.rank != root {
-                // SAFETY: the root's buffer is only read during the call, this rank's only
-                // written by this rank; both hold `send_bytes` bytes.
-                unsafe { copy_bytes(posts[root].recv, posts[self.rank].recv, call.send_bytes()) }
-            }
-        })
+        self.run(
+            verdict,
+            (buf.addr(), buf.addr()),
+            &[buf.location()],
+            |call, posts| {
+                if self.rank != root {
+                    // SAFETY: the root's buffer is only read during the call, this rank's only
+                    // written by this rank; both hold `send_bytes` bytes.
+                    unsafe {
+                        copy_bytes(posts[root].recv, posts[self.rank].recv, call.send_bytes())
+                    }
+                }
+            },
+        )
     }
 
     fn barrier(&self) -> Result<()> {
-        self.run(Ok(CallDescriptor::barrier()), 0, 0, |_, _| {})
+        self.run(Ok(CallDescriptor::barrier()), (0, 0), &[], |_, _| {})
     }
 }
 

@@ -1,9 +1,9 @@
 //! Environment + TCP bootstrap: ranks from the launcher's variables, bytes through a TCP
 //! store that rank 0 serves.
 //!
-//! The ranks form a star. Rank 0 listens (on loopback unless told otherwise, see
-//! [`LaunchInfo`]'s module for the variables and the port rule under `mpirun`), every other
-//! rank connects to it, retrying until the timeout, and introduces itself with its rank,
+//! The ranks form a star. Rank 0 listens (on loopback unless told otherwise; see
+//! [`EnvBootstrap::from_env`] for the variables and the port rule under `mpirun`), every
+//! other rank connects to it, retrying until the timeout, and introduces itself with its rank,
 //! the world size and a key derived from the job identity; rank 0 answers once every rank
 //! has arrived. Each collective call is then one round: every rank sends rank 0 a frame
 //! (kind, root, sequence number, its bytes), rank 0 checks that all frames name the same

@@ -8,16 +8,16 @@
 
 mod env_tcp;
 #[cfg(feature = "mpi")]
-mod mpi;
+pub(crate) mod mpi;
 mod threads;
 
 use std::time::Duration;
 
 use crate::error::Result;
 
-pub use env_tcp::{EnvBootstrap, LaunchInfo};
 #[cfg(feature = "mpi")]
-pub use mpi::MpiBootstrap;
+pub use self::mpi::MpiBootstrap;
+pub use env_tcp::{EnvBootstrap, LaunchInfo};
 pub use threads::ThreadsBootstrap;
 
 /// Default bound on every wait of a bootstrap or host backend, unless `COMM_TIMEOUT_SECS`

@@ -57,6 +57,14 @@ pub fn all() -> Vec<Backend> {
             default: true,
             create: create_bootstrap,
         },
+        #[cfg(feature = "mpi")]
+        Backend {
+            name: "mpi",
+            about: "MPI's own collectives, one rank per process (comm_core::MpiComm)",
+            modes: &[Mode::Env, Mode::Mpi],
+            default: true,
+            create: create_mpi,
+        },
     ]
 }
 
@@ -97,6 +105,15 @@ fn create_local(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
 
 fn create_bootstrap(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
     Ok(Box::new(BootstrapComm::new(ctx.shared_bootstrap())))
+}
+
+/// MPI is initialised once per process and reused, so this works under either
+/// multi-process bootstrap; under a launcher that is not MPI's, MPI sees a world of one
+/// and the sweep refuses the mismatch.
+#[cfg(feature = "mpi")]
+fn create_mpi(_ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    let bootstrap = comm_core::MpiBootstrap::init()?;
+    Ok(Box::new(comm_core::MpiComm::new(&bootstrap)?))
 }
 
 #[cfg(test)]

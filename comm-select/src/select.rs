@@ -1,0 +1,549 @@
+//! `SelectComm`: one communicator that routes every call to the backend expected to be
+//! fastest for it.
+//!
+//! Authority, in order: a forced choice (`COMM_BACKEND=name[:algorithm]` or
+//! [`SelectOptions::forced`]), a tuning table measured on this host, the cost model, and
+//! finally the first backend that can do the call. Only backends whose capabilities accept
+//! the call (dtype, op, size, host or device memory) are candidates, so an unsupported call
+//! falls back to the next one. Every rank makes the same choice: the choice depends only on
+//! the call and on state every rank shares (the backends, and rank 0's topology, tuning
+//! table and forced choice, broadcast at construction).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt;
+
+use comm_core::{
+    Bootstrap, BufferMut, BufferRef, Capabilities, Collective, Communicator, DType, Error,
+    MemoryLocation, ReduceOp, Result,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::cost::CostModel;
+use crate::topology::{Link, Topology};
+use crate::tuning::TuningTable;
+
+/// What the selector is told besides the backends.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SelectOptions {
+    /// The topology; `None` assumes ranks sharing host memory of one node.
+    pub topology: Option<Topology>,
+    /// A measured tuning table.
+    pub tuning: Option<TuningTable>,
+    /// `backend` or `backend:algorithm` to use whenever it can do the call.
+    pub forced: Option<String>,
+}
+
+impl SelectOptions {
+    /// Reads `COMM_BACKEND`, `COMM_TUNING` (a tuning-table file) and `COMM_TOPOLOGY` (a
+    /// topology file).
+    pub fn from_env() -> Result<Self> {
+        let var = |name| {
+            std::env::var(name)
+                .ok()
+                .filter(|v: &String| !v.trim().is_empty())
+        };
+        Ok(SelectOptions {
+            topology: var("COMM_TOPOLOGY").map(Topology::load).transpose()?,
+            tuning: var("COMM_TUNING").map(TuningTable::load).transpose()?,
+            forced: var("COMM_BACKEND").filter(|b| b != "auto"),
+        })
+    }
+}
+
+/// One call, as far as selection cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CallInfo {
+    /// The collective.
+    pub collective: Collective,
+    /// Element type.
+    pub dtype: DType,
+    /// Reduction operator, if any.
+    pub op: Option<ReduceOp>,
+    /// Bytes per rank (the send side).
+    pub bytes: usize,
+    /// Device memory (true) or host memory.
+    pub device: bool,
+}
+
+impl CallInfo {
+    /// An all-reduce of `bytes` of `dtype` with `op`.
+    pub fn all_reduce(dtype: DType, op: ReduceOp, bytes: usize, device: bool) -> Self {
+        CallInfo {
+            collective: Collective::AllReduce,
+            dtype,
+            op: Some(op),
+            bytes,
+            device,
+        }
+    }
+
+    fn location(&self) -> MemoryLocation {
+        if self.device {
+            MemoryLocation::Device {
+                ordinal: 0,
+                stream: comm_core::RawStream::default(),
+            }
+        } else {
+            MemoryLocation::Host
+        }
+    }
+}
+
+/// Where a choice came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// `COMM_BACKEND` or [`SelectOptions::forced`].
+    Forced,
+    /// The tuning table.
+    Tuning,
+    /// The cost model.
+    CostModel,
+    /// The first backend that can do the call.
+    Default,
+}
+
+/// The backend (and algorithm) chosen for a call, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    /// Backend name.
+    pub backend: String,
+    /// Algorithm, or `None` for the backend's own choice.
+    pub algorithm: Option<String>,
+    /// Which authority decided.
+    pub source: Source,
+    /// Why, in words (with measured or predicted times).
+    pub reason: String,
+    index: usize,
+}
+
+impl Choice {
+    /// `backend` or `backend:algorithm`.
+    pub fn label(&self) -> String {
+        label(&self.backend, self.algorithm.as_deref())
+    }
+}
+
+impl fmt::Display for Choice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({:?}: {})", self.label(), self.source, self.reason)
+    }
+}
+
+fn label(backend: &str, algorithm: Option<&str>) -> String {
+    match algorithm {
+        Some(a) => format!("{backend}:{a}"),
+        None => backend.to_string(),
+    }
+}
+
+struct Backend {
+    comm: Box<dyn Communicator>,
+    caps: Capabilities,
+    /// The algorithm last set on it, to skip redundant `set_algorithm` calls.
+    current: RefCell<Option<String>>,
+}
+
+/// A [`Communicator`] over several backends that picks one per call.
+pub struct SelectComm {
+    rank: usize,
+    world: usize,
+    backends: Vec<Backend>,
+    topology: Topology,
+    model: CostModel,
+    tuning: Option<TuningTable>,
+    forced: Option<(String, Option<String>)>,
+    cache: RefCell<HashMap<CallInfo, Choice>>,
+}
+
+impl fmt::Debug for SelectComm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SelectComm")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("backends", &self.backend_names())
+            .field("forced", &self.forced)
+            .field("tuned", &self.tuning.is_some())
+            .finish()
+    }
+}
+
+impl SelectComm {
+    /// Collective: builds the selector over `backends` (same names, same order on every
+    /// rank). Rank 0's `options` are broadcast and used by every rank.
+    pub fn new(
+        bootstrap: &dyn Bootstrap,
+        backends: Vec<Box<dyn Communicator>>,
+        options: SelectOptions,
+    ) -> Result<Self> {
+        let world = bootstrap.world_size();
+        let rank = bootstrap.rank();
+        if backends.is_empty() {
+            return Err(Error::InvalidArgument(
+                "SelectComm needs at least one backend".into(),
+            ));
+        }
+        for b in &backends {
+            if b.world_size() != world || b.rank() != rank {
+                return Err(Error::InvalidArgument(format!(
+                    "backend {} is rank {} of {}, the bootstrap rank {rank} of {world}",
+                    b.name(),
+                    b.rank(),
+                    b.world_size()
+                )));
+            }
+        }
+        let names: Vec<String> = backends.iter().map(|b| b.name().to_string()).collect();
+        let all_names = bootstrap.all_gather_bytes(names.join(",").as_bytes())?;
+        if let Some(r) = all_names.iter().position(|n| *n != all_names[0]) {
+            return Err(Error::Mismatch(format!(
+                "rank {r} has backends [{}], rank 0 has [{}]",
+                String::from_utf8_lossy(&all_names[r]),
+                String::from_utf8_lossy(&all_names[0])
+            )));
+        }
+        let mine = serde_json::to_vec(&options).expect("options serialise");
+        let shared = bootstrap.broadcast_bytes(&mine, 0)?;
+        let options: SelectOptions = serde_json::from_slice(&shared).map_err(|e| {
+            Error::Bootstrap(format!("malformed selector options from rank 0: {e}"))
+        })?;
+        let topology = options
+            .topology
+            .unwrap_or_else(|| Topology::uniform(world, Link::HOST));
+        if topology.world_size() != world {
+            return Err(Error::InvalidArgument(format!(
+                "topology has {} ranks, the world {world}",
+                topology.world_size()
+            )));
+        }
+        let forced = options.forced.map(|f| match f.split_once(':') {
+            Some((b, a)) => (b.to_string(), Some(a.to_string())),
+            None => (f, None),
+        });
+        Ok(SelectComm {
+            rank,
+            world,
+            model: CostModel::new(&topology),
+            topology,
+            tuning: options.tuning,
+            forced,
+            cache: RefCell::new(HashMap::new()),
+            backends: backends
+                .into_iter()
+                .map(|comm| Backend {
+                    caps: comm.capabilities(),
+                    comm,
+                    current: RefCell::new(None),
+                })
+                .collect(),
+        })
+    }
+
+    /// Names of the backends, in order.
+    pub fn backend_names(&self) -> Vec<String> {
+        self.backends
+            .iter()
+            .map(|b| b.comm.name().to_string())
+            .collect()
+    }
+
+    /// The topology decisions are made on.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// The backend chosen for `call`, and why.
+    pub fn choose(&self, call: &CallInfo) -> Result<Choice> {
+        if let Some(hit) = self.cache.borrow().get(call) {
+            return Ok(hit.clone());
+        }
+        let choice = self.decide(call)?;
+        self.cache.borrow_mut().insert(*call, choice.clone());
+        Ok(choice)
+    }
+
+    /// A readable account of the choice for `call`, with the alternatives considered.
+    pub fn explain(&self, call: &CallInfo) -> String {
+        let mut out = match self.choose(call) {
+            Ok(c) => format!(
+                "{} of {} B {}: {c}",
+                call.collective, call.bytes, call.dtype
+            ),
+            Err(e) => {
+                return format!(
+                    "{} of {} B {}: no backend: {e}",
+                    call.collective, call.bytes, call.dtype
+                );
+            }
+        };
+        let predictions: Vec<String> = self
+            .candidates(call)
+            .into_iter()
+            .filter_map(|(i, a)| {
+                let name = self.backends[i].comm.name();
+                let t = self.model.predict_collective(
+                    call.collective,
+                    name,
+                    a.as_deref(),
+                    call.bytes,
+                )?;
+                Some(format!("{} {t:.1} us", label(name, a.as_deref())))
+            })
+            .collect();
+        if !predictions.is_empty() {
+            out.push_str(&format!("; model: {}", predictions.join(", ")));
+        }
+        out
+    }
+
+    /// Every (backend, algorithm) that can do `call`: each backend's own choice (`None`)
+    /// and each of its named algorithms except `auto`.
+    fn candidates(&self, call: &CallInfo) -> Vec<(usize, Option<String>)> {
+        let mut out = Vec::new();
+        for (i, b) in self.backends.iter().enumerate() {
+            let ok = b
+                .caps
+                .check(
+                    b.comm.name(),
+                    call.collective,
+                    call.dtype,
+                    call.op,
+                    call.bytes,
+                    call.location(),
+                )
+                .is_ok();
+            if !ok {
+                continue;
+            }
+            out.push((i, None));
+            if call.collective == Collective::AllReduce {
+                out.extend(
+                    b.caps
+                        .algorithms
+                        .iter()
+                        .filter(|a| *a != "auto")
+                        .map(|a| (i, Some(a.clone()))),
+                );
+            }
+        }
+        out
+    }
+
+    fn decide(&self, call: &CallInfo) -> Result<Choice> {
+        let candidates = self.candidates(call);
+        let Some(first) = candidates.first().cloned() else {
+            return Err(Error::Unsupported(format!(
+                "no backend of [{}] can do {} of {} B {} in {} memory",
+                self.backend_names().join(", "),
+                call.collective,
+                call.bytes,
+                call.dtype,
+                if call.device { "device" } else { "host" }
+            )));
+        };
+        let name = |i: usize| self.backends[i].comm.name().to_string();
+        let make = |(index, algorithm): (usize, Option<String>), source, reason: String| Choice {
+            backend: name(index),
+            algorithm,
+            source,
+            reason,
+            index,
+        };
+        let mut notes = Vec::new();
+        if let Some((backend, algorithm)) = &self.forced {
+            let hit = candidates
+                .iter()
+                .find(|(i, a)| name(*i) == *backend && (algorithm.is_none() || a == algorithm));
+            match hit {
+                Some(c) => {
+                    return Ok(make(
+                        c.clone(),
+                        Source::Forced,
+                        "forced by COMM_BACKEND".into(),
+                    ));
+                }
+                None => notes.push(format!(
+                    "forced {} cannot do this call",
+                    label(backend, algorithm.as_deref())
+                )),
+            }
+        }
+        if let Some(table) = &self.tuning {
+            let accept = |b: &str, a: Option<&str>| {
+                candidates
+                    .iter()
+                    .any(|(i, ca)| name(*i) == b && ca.as_deref() == a)
+            };
+            if let Some(t) = table.best(call.collective, call.dtype, call.bytes, accept) {
+                let hit = candidates
+                    .iter()
+                    .find(|(i, a)| name(*i) == t.backend && *a == t.algorithm)
+                    .cloned()
+                    .expect("accepted candidates exist");
+                let mut reason = format!("measured {:.1} us at {} B", t.time_us, t.measured_bytes);
+                if let Some((other, time)) = &t.runner_up {
+                    reason.push_str(&format!(", next {other} {time:.1} us"));
+                }
+                notes.push(reason);
+                return Ok(make(hit, Source::Tuning, notes.join("; ")));
+            }
+        }
+        let predicted = candidates
+            .iter()
+            .filter_map(|(i, a)| {
+                let t = self.model.predict_collective(
+                    call.collective,
+                    &name(*i),
+                    a.as_deref(),
+                    call.bytes,
+                )?;
+                Some(((*i, a.clone()), t))
+            })
+            .min_by(|x, y| x.1.total_cmp(&y.1));
+        if let Some((c, t)) = predicted {
+            notes.push(format!(
+                "cost model predicts {t:.1} us on {:?}",
+                self.model.fabric()
+            ));
+            return Ok(make(c, Source::CostModel, notes.join("; ")));
+        }
+        notes.push("first backend that can do the call".into());
+        Ok(make(first, Source::Default, notes.join("; ")))
+    }
+
+    fn route(&self, call: CallInfo) -> Result<&dyn Communicator> {
+        let choice = self.choose(&call)?;
+        let backend = &self.backends[choice.index];
+        if call.collective == Collective::AllReduce && *backend.current.borrow() != choice.algorithm
+        {
+            backend.comm.set_algorithm(choice.algorithm.as_deref())?;
+            *backend.current.borrow_mut() = choice.algorithm.clone();
+        }
+        Ok(&*backend.comm)
+    }
+}
+
+fn info(
+    collective: Collective,
+    dtype: DType,
+    op: Option<ReduceOp>,
+    bytes: usize,
+    location: MemoryLocation,
+) -> CallInfo {
+    CallInfo {
+        collective,
+        dtype,
+        op,
+        bytes,
+        device: !location.is_host(),
+    }
+}
+
+impl Communicator for SelectComm {
+    fn name(&self) -> &str {
+        "auto"
+    }
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// The union of the backends' capabilities.
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = self.backends[0].caps.clone();
+        for b in &self.backends[1..] {
+            let c = &b.caps;
+            for x in &c.collectives {
+                if !caps.collectives.contains(x) {
+                    caps.collectives.push(*x);
+                }
+            }
+            for x in &c.dtypes {
+                if !caps.dtypes.contains(x) {
+                    caps.dtypes.push(*x);
+                }
+            }
+            for x in &c.ops {
+                if !caps.ops.contains(x) {
+                    caps.ops.push(*x);
+                }
+            }
+            caps.host_memory |= c.host_memory;
+            caps.device_memory |= c.device_memory;
+            caps.max_bytes = caps.max_bytes.zip(c.max_bytes).map(|(a, b)| a.max(b));
+            caps.graph_capture_safe &= c.graph_capture_safe;
+        }
+        caps.algorithms = Vec::new();
+        caps
+    }
+
+    fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        let call = info(
+            Collective::AllReduce,
+            send.dtype(),
+            Some(op),
+            send.bytes(),
+            send.location(),
+        );
+        self.route(call)?.all_reduce(send, recv, op)
+    }
+
+    fn all_reduce_in_place(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        let call = info(
+            Collective::AllReduce,
+            buf.dtype(),
+            Some(op),
+            buf.bytes(),
+            buf.location(),
+        );
+        self.route(call)?.all_reduce_in_place(buf, op)
+    }
+
+    fn all_gather(&self, send: BufferRef<'_>, recv: BufferMut<'_>) -> Result<()> {
+        let call = info(
+            Collective::AllGather,
+            send.dtype(),
+            None,
+            send.bytes(),
+            send.location(),
+        );
+        self.route(call)?.all_gather(send, recv)
+    }
+
+    fn reduce_scatter(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        let call = info(
+            Collective::ReduceScatter,
+            send.dtype(),
+            Some(op),
+            send.bytes(),
+            send.location(),
+        );
+        self.route(call)?.reduce_scatter(send, recv, op)
+    }
+
+    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<()> {
+        let call = info(
+            Collective::Broadcast,
+            buf.dtype(),
+            None,
+            buf.bytes(),
+            buf.location(),
+        );
+        self.route(call)?.broadcast(buf, root)
+    }
+
+    fn barrier(&self) -> Result<()> {
+        let call = info(
+            Collective::Barrier,
+            DType::U8,
+            None,
+            0,
+            MemoryLocation::Host,
+        );
+        self.route(call)?.barrier()
+    }
+}

@@ -1,0 +1,195 @@
+//! SelectComm over the host backends (LocalComm and SymmComm), ranks as threads.
+
+use comm_core::conformance::{self, Config};
+use comm_core::{
+    Bootstrap, Communicator, CommunicatorExt, DType, LocalComm, ReduceOp, ThreadsBootstrap,
+};
+use comm_select::{CallInfo, Measurement, SelectComm, SelectOptions, Source, TuningTable};
+use comm_symm::SymmComm;
+
+/// Runs `body` on `world` threads, each with a SelectComm over [local, symm] built with
+/// the options `options(rank)`.
+fn with_select<T: Send + 'static>(
+    world: usize,
+    options: impl Fn(usize) -> SelectOptions + Send + Sync + Clone + 'static,
+    body: impl Fn(SelectComm) -> T + Send + Sync + Clone + 'static,
+) -> Vec<T> {
+    let handles: Vec<_> = ThreadsBootstrap::create(world)
+        .into_iter()
+        .zip(LocalComm::create(world))
+        .map(|(boot, local)| {
+            let (options, body) = (options.clone(), body.clone());
+            std::thread::spawn(move || {
+                let symm = SymmComm::with_max_bytes(&boot, 1 << 20).unwrap();
+                let backends: Vec<Box<dyn Communicator>> = vec![Box::new(local), Box::new(symm)];
+                let select = SelectComm::new(&boot, backends, options(boot.rank())).unwrap();
+                body(select)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank panicked"))
+        .collect()
+}
+
+#[test]
+fn passes_the_conformance_suite() {
+    let config = Config {
+        random_cases: 32,
+        large_count: Some(4 << 20),
+        ..Config::default()
+    };
+    for r in with_select(
+        3,
+        |_| SelectOptions::default(),
+        move |s| conformance::run(&s, &config),
+    ) {
+        r.unwrap();
+    }
+}
+
+#[test]
+fn every_rank_makes_rank_zeros_choice() {
+    // Each rank asks for a different forced backend; rank 0's wins everywhere.
+    let options = |rank: usize| SelectOptions {
+        forced: Some(if rank == 0 { "symm:twoshot" } else { "local" }.into()),
+        ..SelectOptions::default()
+    };
+    let choices = with_select(3, options, |s| {
+        let call = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 4096, false);
+        let mut x = vec![1.0f32; 1024];
+        s.all_reduce_in_place_slice(&mut x, ReduceOp::Sum).unwrap();
+        assert!(x.iter().all(|&v| v == 3.0));
+        s.choose(&call).unwrap()
+    });
+    for c in &choices {
+        assert_eq!(c.label(), "symm:twoshot");
+        assert_eq!(c.source, Source::Forced);
+    }
+}
+
+#[test]
+fn falls_back_when_the_forced_backend_cannot_do_the_call() {
+    let options = |_| SelectOptions {
+        forced: Some("symm".into()),
+        ..SelectOptions::default()
+    };
+    let out = with_select(2, options, |s| {
+        // 2 MiB exceed the symm heap of 1 MiB: local must take it.
+        let big = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 2 << 20, false);
+        let choice = s.choose(&big).unwrap();
+        let mut x = vec![0.5f32; 512 << 10];
+        s.all_reduce_in_place_slice(&mut x, ReduceOp::Sum).unwrap();
+        (choice, x[0], s.explain(&big))
+    });
+    for (choice, x0, explain) in out {
+        assert_eq!(choice.backend, "local");
+        assert_ne!(choice.source, Source::Forced);
+        assert!(choice.reason.contains("cannot do this call"), "{choice}");
+        assert_eq!(x0, 1.0);
+        assert!(explain.contains("local"), "{explain}");
+    }
+}
+
+#[test]
+fn a_tuning_table_overrides_the_cost_model() {
+    let options = |_| {
+        let mut table = TuningTable::new(2, "host", "test");
+        for (backend, algorithm, t) in [("local", None, 1.0), ("symm", Some("lamport"), 9.0)] {
+            table.measurements.push(Measurement {
+                collective: "all_reduce".into(),
+                dtype: "f32".into(),
+                bytes: 4096,
+                backend: backend.into(),
+                algorithm: algorithm.map(String::from),
+                time_us: t,
+            });
+        }
+        SelectOptions {
+            tuning: Some(table),
+            ..SelectOptions::default()
+        }
+    };
+    let out = with_select(2, options, |s| {
+        let tuned = s
+            .choose(&CallInfo::all_reduce(
+                DType::F32,
+                ReduceOp::Sum,
+                4000,
+                false,
+            ))
+            .unwrap();
+        let modelled = SelectOptions::default();
+        drop(modelled);
+        tuned
+    });
+    for c in out {
+        assert_eq!(
+            (c.backend.as_str(), c.source),
+            ("local", Source::Tuning),
+            "{c}"
+        );
+        assert!(c.reason.contains("measured 1.0 us"), "{c}");
+    }
+}
+
+#[test]
+fn the_cost_model_picks_shared_memory_over_thread_locks_for_small_messages() {
+    let out = with_select(
+        2,
+        |_| SelectOptions::default(),
+        |s| {
+            s.choose(&CallInfo::all_reduce(
+                DType::BF16,
+                ReduceOp::Sum,
+                43008,
+                false,
+            ))
+            .unwrap()
+        },
+    );
+    for c in out {
+        assert_eq!(c.source, Source::CostModel, "{c}");
+        assert_eq!(c.backend, "symm", "{c}");
+    }
+}
+
+#[test]
+fn device_memory_with_host_backends_is_unsupported_not_a_crash() {
+    let out = with_select(
+        2,
+        |_| SelectOptions::default(),
+        |s| {
+            s.choose(&CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 64, true))
+                .unwrap_err()
+        },
+    );
+    for e in out {
+        assert!(matches!(e, comm_core::Error::Unsupported(_)), "{e}");
+    }
+}
+
+#[test]
+fn different_backend_lists_are_a_mismatch() {
+    let handles: Vec<_> = ThreadsBootstrap::create(2)
+        .into_iter()
+        .zip(LocalComm::create(2))
+        .map(|(boot, local)| {
+            std::thread::spawn(move || {
+                let mut backends: Vec<Box<dyn Communicator>> = vec![Box::new(local)];
+                let symm = SymmComm::with_max_bytes(&boot, 1 << 16).unwrap();
+                if boot.rank() == 0 {
+                    backends.push(Box::new(symm));
+                }
+                SelectComm::new(&boot, backends, SelectOptions::default()).map(drop)
+            })
+        })
+        .collect();
+    for h in handles {
+        assert!(matches!(
+            h.join().unwrap(),
+            Err(comm_core::Error::Mismatch(_))
+        ));
+    }
+}

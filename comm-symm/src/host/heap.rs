@@ -1,0 +1,192 @@
+//! The host symmetric heap: one shared segment per rank, mapped by every local rank.
+//!
+//! Each segment starts with the rank's signal pads and continues with its data area, at
+//! the same offsets on every rank. Signals use no read-modify-write on peer memory: the
+//! sender *stores* its running count for (channel, receiver) into its own slot of the
+//! receiver's pad (release), and the receiver waits until that slot reaches the count it
+//! expects (acquire). Counts only grow, so a fast peer that signals again before a slow one
+//! has looked only moves the slot further past what the slow one waits for.
+
+use std::cell::{Cell, RefCell};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use comm_core::{Bootstrap, Error, Result};
+
+use super::segment::Mapping;
+use crate::fdpass::exchange_fds;
+
+/// Bytes per signal slot: one cache line, so that writers never share a line.
+const SLOT: usize = 64;
+
+/// Spins before a waiter starts yielding its core (ranks may outnumber cores).
+const SPINS_BEFORE_YIELD: u32 = 2_000;
+
+/// A rank's view of the host symmetric heap.
+#[derive(Debug)]
+pub struct HostHeap {
+    rank: usize,
+    world: usize,
+    channels: usize,
+    pad_bytes: usize,
+    data_bytes: usize,
+    segments: Vec<Mapping>,
+    sent: Vec<Cell<u64>>,
+    seen: Vec<Cell<u64>>,
+    timeout: Duration,
+    broken: RefCell<Option<String>>,
+}
+
+impl HostHeap {
+    /// Collective: every local rank allocates `data_bytes` of shared memory plus signal pads
+    /// for `channels` channels, and maps every peer's. Needs all ranks on this node.
+    pub fn rendezvous(
+        bootstrap: &dyn Bootstrap,
+        data_bytes: usize,
+        channels: usize,
+    ) -> Result<Self> {
+        let world = bootstrap.world_size();
+        if bootstrap.local_world_size() != world {
+            return Err(Error::Unsupported(format!(
+                "host symmetric memory needs every rank on one node ({} of {world} are local)",
+                bootstrap.local_world_size()
+            )));
+        }
+        let channels = channels.max(1);
+        let pad_bytes = (channels * world * SLOT).next_multiple_of(4096);
+        let total = pad_bytes + data_bytes;
+        let (fd, own) = Mapping::create(total)?;
+        let fds = exchange_fds(bootstrap, fd.as_fd())?;
+        let me = bootstrap.rank();
+        let mut segments = Vec::with_capacity(world);
+        let mut own = Some(own);
+        for (rank, peer_fd) in fds.iter().enumerate() {
+            segments.push(if rank == me {
+                own.take().expect("own segment once")
+            } else {
+                Mapping::map(peer_fd.as_fd(), total)?
+            });
+        }
+        // Descriptors close here; the mappings keep the memory alive. Every rank must have
+        // mapped before anyone starts using peers' memory.
+        drop(fds);
+        bootstrap.barrier()?;
+        Ok(HostHeap {
+            rank: me,
+            world,
+            channels,
+            pad_bytes,
+            data_bytes,
+            segments,
+            sent: (0..channels * world).map(|_| Cell::new(0)).collect(),
+            seen: (0..channels * world).map(|_| Cell::new(0)).collect(),
+            timeout: bootstrap.timeout(),
+            broken: RefCell::new(None),
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// Size of every rank's data area.
+    pub fn data_bytes(&self) -> usize {
+        self.data_bytes
+    }
+
+    /// Sets the bound on signal waits.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// The bound on signal waits.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Start of `rank`'s data area, as mapped in this process.
+    pub fn data(&self, rank: usize) -> *mut u8 {
+        // SAFETY: every segment is `pad_bytes + data_bytes` long.
+        unsafe { self.segments[rank].ptr().add(self.pad_bytes) }
+    }
+
+    fn slot(&self, owner: usize, channel: usize, from: usize) -> &AtomicU64 {
+        assert!(
+            channel < self.channels,
+            "channel {channel} of {}",
+            self.channels
+        );
+        let offset = (channel * self.world + from) * SLOT;
+        // SAFETY: the pad area holds `channels * world` slots of SLOT bytes, 8-aligned
+        // (mappings are page aligned); AtomicU64 has the layout of u64, and every access to
+        // pad memory goes through atomics.
+        unsafe { &*(self.segments[owner].ptr().add(offset) as *const AtomicU64) }
+    }
+
+    /// Fails with the reason if an earlier wait timed out.
+    pub fn check_usable(&self) -> Result<()> {
+        match &*self.broken.borrow() {
+            Some(why) => Err(Error::Aborted(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Marks the heap unusable after a wait of `after` for `what` expired; returns the error.
+    pub fn timed_out(&self, what: String, after: Duration) -> Error {
+        *self.broken.borrow_mut() = Some(format!("timed out after {after:?} waiting for {what}"));
+        Error::Timeout { what, after }
+    }
+
+    /// Sends `peer` the next signal on `channel`: everything this thread wrote before is
+    /// visible to `peer` once its matching [`Self::wait_signal`] returns.
+    pub fn put_signal(&self, peer: usize, channel: usize) {
+        let count = &self.sent[channel * self.world + peer];
+        count.set(count.get() + 1);
+        self.slot(peer, channel, self.rank)
+            .store(count.get(), Ordering::Release);
+    }
+
+    /// Waits for `peer`'s next signal on `channel`, at most `timeout`.
+    pub fn wait_signal(&self, peer: usize, channel: usize, timeout: Duration) -> Result<()> {
+        self.check_usable()?;
+        let want = &self.seen[channel * self.world + peer];
+        want.set(want.get() + 1);
+        let slot = self.slot(self.rank, channel, peer);
+        let mut spins = 0u32;
+        let mut deadline = None;
+        while slot.load(Ordering::Acquire) < want.get() {
+            spins = spins.wrapping_add(1);
+            if spins < SPINS_BEFORE_YIELD {
+                std::hint::spin_loop();
+                continue;
+            }
+            std::thread::yield_now();
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + timeout);
+            if spins % 64 == 0 && Instant::now() >= deadline {
+                return Err(
+                    self.timed_out(format!("rank {peer} on signal channel {channel}"), timeout)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Signals every peer on `channel` and waits for all of them.
+    pub fn barrier(&self, channel: usize) -> Result<()> {
+        self.check_usable()?;
+        for peer in (0..self.world).filter(|&p| p != self.rank) {
+            self.put_signal(peer, channel);
+        }
+        for peer in (0..self.world).filter(|&p| p != self.rank) {
+            self.wait_signal(peer, channel, self.timeout)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,25 @@
+//! `comm-symm`: symmetric memory without multicast or peer atomics.
+//!
+//! A *symmetric heap* is memory that every rank of a node allocates collectively
+//! ([`HostHeap::rendezvous`]) and that every rank can address directly: each rank gets a
+//! pointer to its own area and to every peer's, at the same offsets, plus *signal pads*.
+//! Signals need no atomic read-modify-write on peer memory (which PCIe does not offer):
+//! a sender stores a growing count into its slot of the receiver's pad, the receiver
+//! waits for the count with acquire loads, and every wait is bounded.
+//!
+//! The host backing shares `memfd` segments between the processes (or threads) of one node,
+//! passing descriptors over Unix sockets (SCM_RIGHTS); nothing is named, so nothing is
+//! left behind when a process dies. [`SymmComm`] implements
+//! [`comm_core::Communicator`] on top of it, with one-shot, two-shot and Lamport (barrier-free) all-reduce.
+
+#![warn(missing_docs)]
+
+mod algorithm;
+mod comm;
+pub mod fdpass;
+pub mod host;
+mod lamport;
+
+pub use algorithm::Algorithm;
+pub use comm::{DEFAULT_MAX_BYTES, SymmComm};
+pub use host::HostHeap;
