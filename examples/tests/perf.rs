@@ -8,6 +8,7 @@ use comm_core::{
     BufferMut, BufferRef, Capabilities, Communicator, DType, LocalComm, ReduceOp, Result,
 };
 use comm_examples::backends::{self, RankContext};
+use comm_examples::launch::Mode;
 use comm_examples::perf::report::{self, CSV_HEADER};
 use comm_examples::perf::{Row, SweepConfig, run_in_process};
 
@@ -84,15 +85,19 @@ fn json_and_csv_have_one_record_per_size() {
     let _ = (std::fs::remove_file(json), std::fs::remove_file(csv));
 }
 
+/// Every in-process backend of the registry passes the check, for every dtype and op.
 #[test]
-fn local_passes_the_check_for_every_dtype_and_op() {
-    for dtype in DType::ALL {
-        for op in ReduceOp::ALL {
-            for in_place in [false, true] {
-                let mut cfg = config(&[1, 24, 1000, 70_000], dtype, op, true);
-                cfg.in_place = in_place;
-                for row in sweep(&local, 3, &cfg) {
-                    assert!(!row.failed(), "{dtype} {op} in_place={in_place}: {row:?}");
+fn registered_backends_pass_the_check_for_every_dtype_and_op() {
+    for backend in backends::defaults(Mode::Threads) {
+        for dtype in DType::ALL {
+            for op in ReduceOp::ALL {
+                for in_place in [false, true] {
+                    let mut cfg = config(&[1, 24, 1000, 70_000], dtype, op, true);
+                    cfg.in_place = in_place;
+                    for row in sweep(&backend.create, 3, &cfg) {
+                        let what = format!("{} {dtype} {op} in_place={in_place}", backend.name);
+                        assert!(!row.failed(), "{what}: {row:?}");
+                    }
                 }
             }
         }

@@ -57,6 +57,13 @@ pub fn all() -> Vec<Backend> {
             default: true,
             create: create_bootstrap,
         },
+        Backend {
+            name: "symm",
+            about: "host symmetric heap shared by the ranks of one node (comm_symm::SymmComm)",
+            modes: &[Mode::Threads, Mode::Env, Mode::Mpi],
+            default: true,
+            create: create_symm,
+        },
         #[cfg(feature = "mpi")]
         Backend {
             name: "mpi",
@@ -105,6 +112,10 @@ fn create_local(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
 
 fn create_bootstrap(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
     Ok(Box::new(BootstrapComm::new(ctx.shared_bootstrap())))
+}
+
+fn create_symm(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    Ok(Box::new(comm_symm::SymmComm::new(&**ctx.bootstrap())?))
 }
 
 /// MPI is initialised once per process and reused, so this works under either

@@ -140,6 +140,10 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
                 total,
                 bytes,
             } => progress.starting(backend, index, total, bytes),
+            Event::Note { backend, message } => {
+                progress.clear();
+                eprintln!("allreduce-perf: {backend}: {message}");
+            }
             Event::Finished(row) => {
                 progress.clear();
                 out!("{}", report::format_row(row));

@@ -114,6 +114,13 @@ pub enum Event<'a> {
     },
     /// A size is done.
     Finished(&'a Row),
+    /// Something the user should know (sizes the backend cannot take, ...).
+    Note {
+        /// Backend name.
+        backend: &'a str,
+        /// What happened.
+        message: String,
+    },
 }
 
 /// Builds one rank's communicator (a registry constructor, or a test's).
@@ -243,7 +250,17 @@ impl Run<'_> {
             MemoryLocation::Host,
         )?;
         if let Some(max) = caps.max_bytes {
+            let before = points.len();
             points.retain(|p| p.bytes as usize <= max);
+            if points.len() < before {
+                (self.observe)(Event::Note {
+                    backend: self.backend,
+                    message: format!(
+                        "skipping {} size(s) above its maximum of {max} bytes",
+                        before - points.len()
+                    ),
+                });
+            }
         }
         let use_comm_barrier = caps.collectives.contains(&Collective::Barrier);
         let largest = points.iter().map(|p| p.count).max().unwrap_or(0);
