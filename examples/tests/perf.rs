@@ -10,7 +10,7 @@ use comm_core::{
 use comm_examples::backends::{self, RankContext};
 use comm_examples::launch::Mode;
 use comm_examples::perf::report::{self, CSV_HEADER};
-use comm_examples::perf::{Row, SweepConfig, run_in_process};
+use comm_examples::perf::{Algorithms, Row, SweepConfig, run_in_process};
 
 fn config(sizes: &[u64], dtype: DType, op: ReduceOp, check: bool) -> SweepConfig {
     SweepConfig {
@@ -22,6 +22,7 @@ fn config(sizes: &[u64], dtype: DType, op: ReduceOp, check: bool) -> SweepConfig
         check,
         in_place: false,
         seed: 12345,
+        algorithms: Algorithms::Default,
     }
 }
 
@@ -81,7 +82,7 @@ fn json_and_csv_have_one_record_per_size() {
     assert_eq!(lines.len(), 4);
     let fields = CSV_HEADER.split(',').count();
     assert!(lines.iter().all(|l| l.split(',').count() == fields));
-    assert!(lines[1].starts_with("test,threads,2,f32,sum,false,8,2,"));
+    assert!(lines[1].starts_with("test,,threads,2,f32,sum,false,8,2,"));
     let _ = (std::fs::remove_file(json), std::fs::remove_file(csv));
 }
 
@@ -102,6 +103,32 @@ fn registered_backends_pass_the_check_for_every_dtype_and_op() {
             }
         }
     }
+}
+
+#[test]
+fn each_algorithm_gets_its_own_rows() {
+    let symm = backends::find("symm").unwrap().create;
+    let mut cfg = config(&[64, 4096], DType::F32, ReduceOp::Sum, true);
+    cfg.algorithms = Algorithms::All;
+    let rows = sweep(&symm, 2, &cfg);
+    let labels: Vec<String> = rows.iter().map(Row::label).collect();
+    assert!(labels.contains(&"test:oneshot".to_string()), "{labels:?}");
+    assert!(labels.contains(&"test:twoshot".to_string()), "{labels:?}");
+    assert!(rows.iter().all(|r| !r.failed()));
+
+    cfg.algorithms = Algorithms::Named(vec!["twoshot".into(), "no-such".into()]);
+    let rows = sweep(&symm, 2, &cfg);
+    assert!(
+        rows.iter()
+            .all(|r| r.algorithm.as_deref() == Some("twoshot"))
+    );
+    // A backend without named algorithms runs its own choice.
+    let rows = sweep(&local, 2, &cfg);
+    assert!(rows.iter().all(|r| r.algorithm.is_none()));
+
+    cfg.algorithms = Algorithms::Named(vec!["no-such".into()]);
+    let err = run_in_process("test", &symm, 2, &cfg, &|_| {}).unwrap_err();
+    assert!(err.to_string().contains("oneshot"), "{err}");
 }
 
 /// A backend that gets rank 1's first element wrong.
@@ -253,4 +280,61 @@ fn binary_runs_a_checked_sweep_and_writes_files() {
     for f in [json, csv, svg] {
         let _ = std::fs::remove_file(f);
     }
+}
+
+#[test]
+fn tune_writes_a_table_the_selector_reads() {
+    let table = temp("tune.json");
+    let out = perf(&[
+        "--backend",
+        "local,symm",
+        "--sizes",
+        "1K,256K",
+        "--ranks",
+        "2",
+        "--iters",
+        "2",
+        "--tune",
+        table.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = comm_select::TuningTable::load(&table).expect("a tuning table");
+    assert_eq!(table.world_size, 2);
+    let labels: Vec<String> = table
+        .measurements
+        .iter()
+        .map(|m| format!("{}:{}", m.backend, m.algorithm.as_deref().unwrap_or("-")))
+        .collect();
+    assert!(labels.contains(&"local:-".to_string()), "{labels:?}");
+    assert!(labels.contains(&"symm:twoshot".to_string()), "{labels:?}");
+    assert!(table.measurements.iter().all(|m| m.time_us > 0.0));
+}
+
+#[test]
+fn auto_backend_passes_the_check() {
+    let out = perf(&[
+        "--backend",
+        "auto",
+        "--sizes",
+        "8,64K",
+        "--ranks",
+        "3",
+        "--iters",
+        "2",
+        "--check",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("backend: auto") && stdout.contains("OK"),
+        "{stdout}"
+    );
 }

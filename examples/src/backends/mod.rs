@@ -64,6 +64,14 @@ pub fn all() -> Vec<Backend> {
             default: true,
             create: create_symm,
         },
+        Backend {
+            name: "auto",
+            about: "picks one of the mode's default backends per call (comm_select::SelectComm; \
+                    reads COMM_BACKEND, COMM_TUNING, COMM_TOPOLOGY)",
+            modes: &[Mode::Threads, Mode::Env, Mode::Mpi],
+            default: false,
+            create: create_auto,
+        },
         #[cfg(feature = "mpi")]
         Backend {
             name: "mpi",
@@ -118,6 +126,22 @@ fn create_symm(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
     Ok(Box::new(comm_symm::SymmComm::new(&**ctx.bootstrap())?))
 }
 
+/// Every default backend of the mode, behind one selector. Each member is built on the
+/// same context, in registry order, so the ranks agree on the list.
+fn create_auto(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    let members = defaults(ctx.mode())
+        .iter()
+        .filter(|b| b.name != "auto")
+        .map(|b| (b.create)(ctx))
+        .collect::<Result<Vec<_>>>()?;
+    let options = comm_select::SelectOptions::from_env()?;
+    Ok(Box::new(comm_select::SelectComm::new(
+        &**ctx.bootstrap(),
+        members,
+        options,
+    )?))
+}
+
 /// MPI is initialised once per process and reused, so this works under either
 /// multi-process bootstrap; under a launcher that is not MPI's, MPI sees a world of one
 /// and the sweep refuses the mismatch.
@@ -140,6 +164,21 @@ mod tests {
         }
         let err = find("carrier-pigeon").unwrap_err();
         assert!(err.contains("local"), "{err}");
+    }
+
+    /// Tuning tables and the selector name backends by `Communicator::name`: the
+    /// registry must use the same names.
+    #[test]
+    fn registry_names_are_the_communicators_names() {
+        for backend in all().into_iter().filter(|b| b.runs_in(Mode::Threads)) {
+            let names = crate::launch::run_threads(2, |ctx| {
+                (backend.create)(&ctx).map(|c| c.name().to_string())
+            })
+            .unwrap();
+            for name in names {
+                assert_eq!(name.unwrap(), backend.name);
+            }
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use comm_core::{DType, ReduceOp};
 
+use super::sweep::Algorithms;
 use crate::launch::Mode;
 
 /// Sizes swept when `--sizes` is not given.
@@ -42,6 +43,9 @@ OPTIONS:
                          1 to 5]
     --backend NAME       backend to measure; repeat or comma-separate for several
                          (one table each) [default: every default backend of the mode]
+    --algo NAME          algorithm of the backend to measure (see --list-backends); repeat
+                         or comma-separate for several, one table each; `all` for every
+                         one [default: the backend's own choice; all with --tune]
     --list-backends      print the backends of this build and exit
     --ranks N            in-process ranks when not under a launcher [default: 4]
     --bootstrap MODE     threads, env or mpi [default: detected: env or mpi under
@@ -54,6 +58,8 @@ OPTIONS:
     --json FILE          write the results as JSON: {\"results\": [...]}
     --csv FILE           write the results as CSV
     --plot FILE.svg      plot latency and bus bandwidth against size (SVG)
+    --tune FILE          write the times as a comm-select tuning table (JSON), which
+                         SelectComm (backend `auto`) reads from COMM_TUNING
     -h, --help           print this help
 
 Columns: time is the median over iterations of each rank's time, then the maximum over
@@ -78,6 +84,8 @@ pub struct Args {
     pub backends: Vec<String>,
     /// Print the registry and exit.
     pub list_backends: bool,
+    /// Algorithms to measure; `None` means the backend's own choice (all with `--tune`).
+    pub algorithms: Option<Algorithms>,
     /// In-process ranks; `None` means the default (4).
     pub ranks: Option<usize>,
     /// How ranks meet; `None` means detected.
@@ -94,13 +102,15 @@ pub struct Args {
     pub csv: Option<PathBuf>,
     /// SVG plot file.
     pub plot: Option<PathBuf>,
+    /// Tuning-table file.
+    pub tune: Option<PathBuf>,
 }
 
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Parsed {
     /// Run a sweep.
-    Run(Args),
+    Run(Box<Args>),
     /// Print [`USAGE`] and exit successfully.
     Help,
 }
@@ -145,6 +155,7 @@ where
         iters: None,
         warmup: None,
         backends: Vec::new(),
+        algorithms: None,
         list_backends: false,
         ranks: None,
         bootstrap: None,
@@ -154,6 +165,7 @@ where
         json: None,
         csv: None,
         plot: None,
+        tune: None,
     };
     while let Some(arg) = parser.next()? {
         match arg {
@@ -193,6 +205,10 @@ where
                     }
                 }
             }
+            Long("algo") => {
+                let v = string(&mut parser, "--algo")?;
+                out.algorithms = Some(add_algorithms(out.algorithms.take(), &v)?);
+            }
             Long("list-backends") => out.list_backends = true,
             Long("ranks") => out.ranks = Some(count(&mut parser, "--ranks", 1)?),
             Long("bootstrap") => {
@@ -215,11 +231,30 @@ where
             Long("json") => out.json = Some(parser.value()?.into()),
             Long("csv") => out.csv = Some(parser.value()?.into()),
             Long("plot") => out.plot = Some(parser.value()?.into()),
+            Long("tune") => out.tune = Some(parser.value()?.into()),
             _ => return Err(arg.unexpected().into()),
         }
     }
     out.sizes = resolve_sizes(sizes.as_deref(), min, max, factor)?;
-    Ok(Parsed::Run(out))
+    Ok(Parsed::Run(Box::new(out)))
+}
+
+/// Adds the comma list `v` to the algorithms asked for so far; `all` wins over names.
+fn add_algorithms(sofar: Option<Algorithms>, v: &str) -> Result<Algorithms, ArgError> {
+    let mut names = match sofar {
+        Some(Algorithms::All) => return Ok(Algorithms::All),
+        Some(Algorithms::Named(names)) => names,
+        Some(Algorithms::Default) | None => Vec::new(),
+    };
+    for name in v.split(',').map(str::trim) {
+        match name {
+            "" => return err(format!("--algo: empty name in `{v}`")),
+            "all" => return Ok(Algorithms::All),
+            name if !names.iter().any(|n| n == name) => names.push(name.to_string()),
+            _ => {}
+        }
+    }
+    Ok(Algorithms::Named(names))
 }
 
 fn string(parser: &mut lexopt::Parser, flag: &str) -> Result<String, ArgError> {
@@ -349,7 +384,7 @@ mod tests {
 
     fn run(args: &[&str]) -> Result<Args, ArgError> {
         match parse(args.iter().copied())? {
-            Parsed::Run(a) => Ok(a),
+            Parsed::Run(a) => Ok(*a),
             Parsed::Help => panic!("unexpected help"),
         }
     }
@@ -421,6 +456,12 @@ mod tests {
             "/tmp/a.json",
             "--bootstrap",
             "threads",
+            "--algo",
+            "oneshot,twoshot",
+            "--algo",
+            "oneshot",
+            "--tune",
+            "/tmp/t.json",
         ])
         .unwrap();
         assert_eq!(a.sizes, vec![1024, 2048, 4096]);
@@ -431,6 +472,14 @@ mod tests {
         assert_eq!(a.bootstrap, Some(Mode::Threads));
         assert!(a.check && a.in_place);
         assert_eq!(a.json, Some(PathBuf::from("/tmp/a.json")));
+        assert_eq!(a.tune, Some(PathBuf::from("/tmp/t.json")));
+        assert_eq!(
+            a.algorithms,
+            Some(Algorithms::Named(vec!["oneshot".into(), "twoshot".into()]))
+        );
+        let a = run(&["--algo", "oneshot", "--algo", "all"]).unwrap();
+        assert_eq!(a.algorithms, Some(Algorithms::All));
+        assert_eq!(run(&[]).unwrap().algorithms, None);
         let a = run(&["-b", "1K", "-e", "8K", "-f", "8"]).unwrap();
         assert_eq!(a.sizes, vec![1024, 8192]);
         assert_eq!(parse(["--help"]).unwrap(), Parsed::Help);
@@ -450,6 +499,8 @@ mod tests {
             &["--sizes", "8:1K", "-b", "8"],
             &["--factor", "1"],
             &["--backend", "local,,x"],
+            &["--algo", ","],
+            &["--tune"],
             &["stray"],
         ] {
             assert!(run(bad).is_err(), "{bad:?} should be rejected");

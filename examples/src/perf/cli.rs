@@ -10,10 +10,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::args::{self, Args, Parsed, USAGE};
 use super::data::{checkable, mix64};
-use super::plot;
 use super::progress::Progress;
 use super::report::{self, Row, TableHeader};
-use super::sweep::{Event, SweepConfig, run_in_process, run_rank};
+use super::sweep::{Algorithms, Event, SweepConfig, run_in_process, run_rank};
+use super::{plot, tune};
 use crate::backends::{self, Backend};
 use crate::launch::{Mode, launcher_rank, process_context};
 
@@ -127,6 +127,12 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
         check: args.check,
         in_place: args.in_place,
         seed,
+        // Tuning is about choosing among algorithms too: measure them all unless told.
+        algorithms: match (&args.algorithms, &args.tune) {
+            (Some(algorithms), _) => algorithms.clone(),
+            (None, Some(_)) => Algorithms::All,
+            (None, None) => Algorithms::Default,
+        },
     };
     let progress = Progress::stderr();
     let observe = |event: Event<'_>| {
@@ -134,6 +140,26 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
             return;
         }
         match event {
+            Event::Begin { backend, algorithm } => {
+                out!("#");
+                out!(
+                    "{}",
+                    report::header(&TableHeader {
+                        backend,
+                        algorithm,
+                        bootstrap: mode.name(),
+                        ranks,
+                        dtype: args.dtype.name(),
+                        op: args.op.name(),
+                        in_place: args.in_place,
+                        check: args.check,
+                    })
+                );
+            }
+            Event::End(rows) => {
+                progress.clear();
+                out!("{}", report::footer(rows));
+            }
             Event::Starting {
                 backend,
                 index,
@@ -159,21 +185,6 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
     let mut rows: Vec<Row> = Vec::new();
     let mut ok = true;
     for backend in &selected {
-        if root {
-            out!("#");
-            out!(
-                "{}",
-                report::header(&TableHeader {
-                    backend: backend.name,
-                    bootstrap: mode.name(),
-                    ranks,
-                    dtype: args.dtype.name(),
-                    op: args.op.name(),
-                    in_place: args.in_place,
-                    check: args.check,
-                })
-            );
-        }
         let create = &backend.create;
         let result = match &process {
             None => run_in_process(backend.name, create, ranks, &cfg, &observe),
@@ -182,9 +193,6 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
         progress.clear();
         match result {
             Ok(got) => {
-                if root {
-                    out!("{}", report::footer(&got));
-                }
                 ok &= !got.iter().any(Row::failed);
                 rows.extend(got);
             }
@@ -251,6 +259,22 @@ fn write_outputs(args: &Args, rows: &[Row]) -> bool {
     }
     if let Some(path) = &args.plot {
         report("plot", path, plot::write_svg(path, rows));
+    }
+    if let Some(path) = &args.tune {
+        let command: Vec<String> = std::env::args().skip(1).collect();
+        let note = format!(
+            "allreduce-perf {} ({} s after the Unix epoch)",
+            command.join(" "),
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        );
+        let table = tune::tuning_table(rows, &note);
+        report(
+            "tuning table",
+            path,
+            table.save(path).map_err(std::io::Error::other),
+        );
     }
     ok
 }

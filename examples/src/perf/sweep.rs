@@ -55,6 +55,23 @@ pub struct SweepConfig {
     pub in_place: bool,
     /// Seed of the input data; every rank must use the same.
     pub seed: u64,
+    /// Which of a backend's named algorithms to measure, one table each.
+    pub algorithms: Algorithms,
+}
+
+/// Which of a backend's named algorithms ([`Capabilities::algorithms`]) to measure.
+///
+/// [`Capabilities::algorithms`]: comm_core::Capabilities::algorithms
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Algorithms {
+    /// The backend's own choice only.
+    #[default]
+    Default,
+    /// Every named algorithm (the backend's own choice for backends without any).
+    All,
+    /// These, where the backend has them; backends without named algorithms run their
+    /// own choice.
+    Named(Vec<String>),
 }
 
 /// One size of the sweep, as run.
@@ -101,6 +118,13 @@ pub fn iterations(call_s: f64, warmup: Option<usize>, iters: Option<usize>) -> (
 /// What rank 0 reports while it sweeps.
 #[derive(Debug)]
 pub enum Event<'a> {
+    /// A table (one backend, one algorithm) begins.
+    Begin {
+        /// Backend name.
+        backend: &'a str,
+        /// Algorithm, when one was set.
+        algorithm: Option<&'a str>,
+    },
     /// Size `index` of `total` (counted from 0) is starting.
     Starting {
         /// Backend name.
@@ -114,6 +138,8 @@ pub enum Event<'a> {
     },
     /// A size is done.
     Finished(&'a Row),
+    /// A table is done; these are its rows.
+    End(&'a [Row]),
     /// Something the user should know (sizes the backend cannot take, ...).
     Note {
         /// Backend name.
@@ -150,7 +176,8 @@ pub fn run_in_process(
 }
 
 /// Runs the sweep of `backend` as the rank of `ctx`: builds its communicator with
-/// `create`, then measures every size. Collective: every rank must call it.
+/// `create`, then measures every size, once per algorithm asked for. Collective: every
+/// rank must call it.
 pub fn run_rank(
     ctx: &RankContext,
     backend: &str,
@@ -168,36 +195,94 @@ pub fn run_rank(
             ctx.world_size()
         )));
     }
-    let run = Run {
-        comm: &*comm,
-        ctl: &**ctx.bootstrap(),
-        backend,
-        bootstrap: ctx.mode().name(),
-        cfg,
-        observe,
-    };
-    match cfg.dtype {
-        DType::F32 => run.sweep::<f32>(),
-        DType::F64 => run.sweep::<f64>(),
-        DType::F16 => run.sweep::<f16>(),
-        DType::BF16 => run.sweep::<bf16>(),
-        DType::I32 => run.sweep::<i32>(),
-        DType::I64 => run.sweep::<i64>(),
-        DType::U8 => run.sweep::<u8>(),
-        other => Err(Error::Unsupported(format!(
-            "allreduce-perf does not know dtype {other} yet"
-        ))),
+    let mut rows = Vec::new();
+    for algorithm in algorithms(&*comm, backend, &cfg.algorithms, observe)? {
+        comm.set_algorithm(algorithm.as_deref())?;
+        let run = Run {
+            comm: &*comm,
+            ctl: &**ctx.bootstrap(),
+            backend,
+            algorithm: algorithm.as_deref(),
+            bootstrap: ctx.mode().name(),
+            cfg,
+            observe,
+        };
+        observe(Event::Begin {
+            backend,
+            algorithm: run.algorithm,
+        });
+        let table = run.sweep_dtype()?;
+        observe(Event::End(&table));
+        rows.extend(table);
+    }
+    Ok(rows)
+}
+
+/// The algorithms to measure on `comm`, `None` standing for the backend's own choice.
+fn algorithms(
+    comm: &dyn Communicator,
+    backend: &str,
+    wanted: &Algorithms,
+    observe: &(dyn Fn(Event<'_>) + Sync),
+) -> Result<Vec<Option<String>>> {
+    let has = comm.capabilities().algorithms;
+    match wanted {
+        Algorithms::Default => Ok(vec![None]),
+        _ if has.is_empty() => Ok(vec![None]),
+        Algorithms::All => Ok(has.into_iter().map(Some).collect()),
+        Algorithms::Named(names) => {
+            let (known, unknown): (Vec<&String>, Vec<&String>) =
+                names.iter().partition(|n| has.contains(n));
+            if known.is_empty() {
+                return Err(Error::Unsupported(format!(
+                    "{backend} has none of the algorithms {} (it has: {})",
+                    names.join(", "),
+                    has.join(", ")
+                )));
+            }
+            if !unknown.is_empty() {
+                let unknown: Vec<&str> = unknown.iter().map(|s| s.as_str()).collect();
+                observe(Event::Note {
+                    backend,
+                    message: format!(
+                        "has no algorithm {} (it has: {})",
+                        unknown.join(", "),
+                        has.join(", ")
+                    ),
+                });
+            }
+            Ok(known.into_iter().map(|n| Some(n.clone())).collect())
+        }
     }
 }
 
-/// One rank's sweep of one backend.
+/// One rank's sweep of one backend with one algorithm.
 struct Run<'a> {
     comm: &'a dyn Communicator,
     ctl: &'a dyn Bootstrap,
     backend: &'a str,
+    algorithm: Option<&'a str>,
     bootstrap: &'a str,
     cfg: &'a SweepConfig,
     observe: &'a (dyn Fn(Event<'_>) + Sync),
+}
+
+impl Run<'_> {
+    fn sweep_dtype(&self) -> Result<Vec<Row>> {
+        let run = self;
+        match self.cfg.dtype {
+            DType::F32 => run.sweep::<f32>(),
+            DType::F64 => run.sweep::<f64>(),
+            DType::F16 => run.sweep::<f16>(),
+            DType::BF16 => run.sweep::<bf16>(),
+            DType::I32 => run.sweep::<i32>(),
+            DType::I64 => run.sweep::<i64>(),
+            DType::U8 => run.sweep::<u8>(),
+            other => Err(Error::Unsupported(format!(
+                "allreduce-perf does not know dtype {other} yet"
+            ))),
+        }
+    }
 }
 
 /// What each rank contributes to a row.
@@ -393,6 +478,7 @@ impl Run<'_> {
         let checked = self.cfg.check;
         Ok(Row {
             backend: self.backend.to_string(),
+            algorithm: self.algorithm.map(str::to_string),
             bootstrap: self.bootstrap.to_string(),
             ranks,
             dtype: self.cfg.dtype.name().to_string(),
@@ -438,6 +524,7 @@ mod tests {
             check: false,
             in_place: false,
             seed: 1,
+            algorithms: Algorithms::Default,
         }
     }
 
