@@ -14,7 +14,10 @@
 //! [`LocalComm`] (threads sharing memory) and [`BootstrapComm`] (processes; data through
 //! the bootstrap, reduced in rank order); with feature `mpi`, `MpiComm` runs MPI's own
 //! collectives. The conformance suite (feature `conformance`) is the behaviour every
-//! backend must pass.
+//! backend must pass; a GPU backend runs it on `cuda::DeviceMemory`.
+//!
+//! Feature `cuda` adds `cuda`: device probing that never panics, device buffers and
+//! views, bounded stream waits and the NVRTC kernel loader shared by the GPU backends.
 
 #![warn(missing_docs)]
 
@@ -25,6 +28,8 @@ pub mod call;
 pub mod communicator;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod dtype;
 pub mod error;
 mod exchange;

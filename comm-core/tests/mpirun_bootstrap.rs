@@ -1,7 +1,7 @@
 //! `BootstrapComm` over `EnvBootstrap` as real processes under `mpirun` (default build, no
 //! MPI linked): the tests re-launch this binary with `mpirun -np 2` and `-np 4`.
 
-mod common;
+use comm_core::conformance::mpirun;
 
 use std::time::Instant;
 
@@ -14,7 +14,7 @@ fn body() {
     let boot = EnvBootstrap::from_env().expect("joining the job from mpirun's variables");
     let n = boot.world_size();
     let me = boot.rank();
-    assert_eq!(n, common::mpirun_world_size());
+    assert_eq!(n, mpirun::mpirun_world_size());
     assert_eq!(boot.launch_info().launcher, "openmpi");
 
     // The bootstrap itself: variable lengths, broadcast, barrier.
@@ -112,10 +112,10 @@ fn body() {
 
 #[test]
 fn bootstrap_comm_under_mpirun_np2() {
-    common::on_mpirun("bootstrap_comm_under_mpirun_np2", 2, body);
+    mpirun::on_mpirun("bootstrap_comm_under_mpirun_np2", 2, body);
 }
 
 #[test]
 fn bootstrap_comm_under_mpirun_np4() {
-    common::on_mpirun("bootstrap_comm_under_mpirun_np4", 4, body);
+    mpirun::on_mpirun("bootstrap_comm_under_mpirun_np4", 4, body);
 }

@@ -6,7 +6,7 @@
 
 #![cfg(feature = "mpi")]
 
-mod common;
+use comm_core::conformance::mpirun;
 
 use std::time::{Duration, Instant};
 
@@ -243,10 +243,10 @@ fn body() {
 
 #[test]
 fn mpi_under_mpirun_np2() {
-    common::on_mpirun("mpi_under_mpirun_np2", 2, body);
+    mpirun::on_mpirun("mpi_under_mpirun_np2", 2, body);
 }
 
 #[test]
 fn mpi_under_mpirun_np4() {
-    common::on_mpirun("mpi_under_mpirun_np4", 4, body);
+    mpirun::on_mpirun("mpi_under_mpirun_np4", 4, body);
 }

@@ -5,9 +5,27 @@
 //! registry, either as threads of one process ("in-process ranks") or, under `mpirun` or
 //! `torchrun`, one rank per process; [`launch`] decides which and starts the ranks.
 //! `hello` (in `examples/`) is the smallest program that uses the API.
+//!
+//! `kernels` builds every `.cu` of the workspace with NVRTC for a list of archs;
+//! [`all_kernel_sources`] is the registry it walks: every crate that keeps `.cu` files
+//! exports them as a list of [`KernelSource`]s, gathered here.
 
 #![warn(missing_docs)]
 
 pub mod backends;
 pub mod launch;
 pub mod perf;
+
+use comm_core::cuda::KernelSource;
+
+/// Every kernel source of the workspace, with the crate it belongs to.
+pub fn all_kernel_sources() -> Vec<(&'static str, KernelSource)> {
+    let lists: [(&str, &[KernelSource]); 2] = [
+        ("comm-core", comm_core::cuda::kernels::KERNELS),
+        ("comm-nccl", comm_nccl::KERNELS),
+    ];
+    lists
+        .into_iter()
+        .flat_map(|(krate, list)| list.iter().map(move |k| (krate, *k)))
+        .collect()
+}

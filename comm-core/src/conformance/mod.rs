@@ -27,6 +27,7 @@ mod cases;
 mod data;
 mod errors;
 mod memory;
+pub mod mpirun;
 
 use std::cell::{Cell, RefCell};
 use std::fmt;

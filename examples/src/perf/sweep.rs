@@ -11,6 +11,8 @@
 //! [`run_in_process`] starts the ranks as threads; under a launcher the binary calls
 //! [`run_rank`] once per process.
 
+mod device;
+
 use std::time::{Duration, Instant};
 
 use comm_core::{
@@ -325,15 +327,6 @@ impl Run<'_> {
         let cfg = self.cfg;
         let caps = self.comm.capabilities();
         let mut points = plan(cfg);
-        let smallest = points.first().map_or(0, |p| p.bytes as usize);
-        caps.check(
-            self.backend,
-            Collective::AllReduce,
-            cfg.dtype,
-            Some(cfg.op),
-            smallest,
-            MemoryLocation::Host,
-        )?;
         if let Some(max) = caps.max_bytes {
             let before = points.len();
             points.retain(|p| p.bytes as usize <= max);
@@ -347,6 +340,18 @@ impl Run<'_> {
                 });
             }
         }
+        if caps.device_memory && !caps.host_memory {
+            return self.sweep_device(points);
+        }
+        let smallest = points.first().map_or(0, |p| p.bytes as usize);
+        caps.check(
+            self.backend,
+            Collective::AllReduce,
+            cfg.dtype,
+            Some(cfg.op),
+            smallest,
+            MemoryLocation::Host,
+        )?;
         let use_comm_barrier = caps.collectives.contains(&Collective::Barrier);
         let largest = points.iter().map(|p| p.count).max().unwrap_or(0);
         let mut send = vec![T::poison(); largest];

@@ -1,9 +1,10 @@
-//! Runs a test body as the ranks of an `mpirun` job: the test re-launches its own binary
-//! under `mpirun -np N`, filtered to itself, and the re-launched copies (which see
-//! OpenMPI's variables) run the body. Without `mpirun` the test says so on the terminal,
-//! past the test harness's capture, instead of passing quietly.
-
-#![allow(dead_code)]
+//! Multi-process tests: runs a test body as the ranks of an `mpirun` job.
+//!
+//! The test re-launches its own binary under `mpirun -np N`, filtered to itself, and the
+//! re-launched copies (which see OpenMPI's variables) run the body. Each rank leaves a
+//! marker when its body passed, so a job whose body never ran cannot pass. Without
+//! `mpirun` the test says so on the terminal, past the test harness's capture, instead of
+//! passing quietly.
 
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};

@@ -1,0 +1,41 @@
+//! CUDA helpers shared by the GPU backends (feature `cuda`).
+//!
+//! Everything here loads the CUDA libraries at run time through `cudarc`'s dynamic
+//! loading, so building needs no toolkit. `cudarc` panics when a library is missing;
+//! every entry point of this module therefore goes through [`probe`] first and returns
+//! [`Error::LibraryMissing`](crate::Error::LibraryMissing) or
+//! [`Error::NoDevice`](crate::Error::NoDevice) instead.
+//!
+//! - [`probe`]: library and device discovery ([`context`], [`device_count`]).
+//! - [`DeviceBuffer`]: device memory from `cuMemAlloc` (IPC-shareable, unlike `cudarc`'s
+//!   stream-ordered pool), with host copies and [`BufferRef`](crate::BufferRef) /
+//!   [`BufferMut`](crate::BufferMut) views; views of `cudarc` `CudaSlice`s come from `From`.
+//! - [`DeviceMemory`]: one device and one stream to allocate typed buffers on
+//!   ([`DeviceOwned`]); with feature `conformance` it is the suite's `TestMemory`, so
+//!   `conformance::run_with_memory(&comm, &DeviceMemory::new(0)?, &config)` runs on the GPU.
+//! - [`stream`]: raw stream handles and bounded waits (a wait that can give up).
+//! - [`kernels`]: the `.cu` registry ([`KernelSource`]), NVRTC compilation to cubin for the
+//!   running device's arch, and the memory + disk cache.
+//! - [`pattern`] / [`PatternKernels`]: deterministic test data made and checked on the
+//!   device (the fill/check kernels), mirrored on the host.
+
+mod buffer;
+mod error;
+pub mod kernels;
+mod memory;
+pub mod pattern;
+mod pattern_kernels;
+pub mod probe;
+pub mod stream;
+mod views;
+
+pub use buffer::DeviceBuffer;
+pub use error::{driver_error, nvrtc_error};
+pub use kernels::{KernelCache, KernelSource};
+pub use memory::{DeviceMemory, DeviceOwned};
+pub use pattern_kernels::PatternKernels;
+pub use probe::{context, device_count};
+pub use stream::raw_stream;
+
+/// The `cudarc` this crate is built against, so that dependants use the same types.
+pub use cudarc;

@@ -1,0 +1,82 @@
+//! Stream handles and bounded waits.
+//!
+//! GPU collectives only enqueue; a host that waits for them must not wait forever when a
+//! peer is gone. [`wait_stream`] polls an event recorded on the stream and calls a check
+//! between polls (NCCL looks at its asynchronous error there), giving up with
+//! [`Error::Timeout`] when the bound expires.
+
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaContext, CudaStream, result, sys};
+
+use super::error::driver_error;
+use crate::buffer::RawStream;
+use crate::error::{Error, Result};
+
+/// The raw handle of a `cudarc` stream, as the buffer views carry it.
+pub fn raw_stream(stream: &CudaStream) -> RawStream {
+    RawStream(stream.cu_stream() as usize)
+}
+
+/// The `CUstream` of a [`RawStream`].
+pub fn cu_stream(stream: RawStream) -> sys::CUstream {
+    stream.0 as sys::CUstream
+}
+
+/// Waits until the work enqueued on `stream` so far has finished, or `timeout` passes.
+///
+/// `check` runs between polls; its error ends the wait. Must not be called while the
+/// stream is being captured into a graph.
+pub fn wait_stream(
+    ctx: &CudaContext,
+    stream: RawStream,
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    ctx.bind_to_thread().map_err(driver_error)?;
+    let event = Event::new()?;
+    // SAFETY: both handles are live; the event belongs to the current context.
+    unsafe { result::event::record(event.0, cu_stream(stream)) }.map_err(driver_error)?;
+    let start = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        // SAFETY: the event is live.
+        match unsafe { result::event::query(event.0) } {
+            Ok(()) => return Ok(()),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => {}
+            Err(e) => return Err(driver_error(e)),
+        }
+        check()?;
+        if start.elapsed() >= timeout {
+            return Err(Error::Timeout {
+                what: "GPU work on the stream".into(),
+                after: timeout,
+            });
+        }
+        // Spin briefly for short collectives, then back off so a long wait costs no core.
+        spins += 1;
+        if spins < 1000 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+/// An event without timing, destroyed on drop.
+struct Event(sys::CUevent);
+
+impl Event {
+    fn new() -> Result<Self> {
+        result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map(Event)
+            .map_err(driver_error)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created by `new`, destroyed once; failure leaves nothing to do.
+        let _ = unsafe { result::event::destroy(self.0) };
+    }
+}

@@ -1,0 +1,74 @@
+//! `kernels`: compiles every `.cu` of the workspace with NVRTC for the given archs.
+//!
+//! ```text
+//! cargo run -p comm-examples --bin kernels -- --arch sm_80,sm_90,sm_100,sm_120
+//! ```
+//!
+//! Prints one line per kernel and arch with the image size, and exits non-zero if any
+//! compilation fails. Needs only `libnvrtc` (and its builtins) on `LD_LIBRARY_PATH`, no
+//! GPU: this is how CI proves that every kernel builds for every arch we ship.
+
+use std::process::ExitCode;
+
+use comm_core::cuda::kernels::{Image, compile, nvrtc_version};
+
+const DEFAULT_ARCHS: &str = "sm_80,sm_90,sm_100,sm_120";
+
+fn main() -> ExitCode {
+    let mut archs = DEFAULT_ARCHS.to_string();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--arch" => match args.next() {
+                Some(a) => archs = a,
+                None => return usage("--arch needs a value"),
+            },
+            a if a.starts_with("--arch=") => archs = a["--arch=".len()..].to_string(),
+            "-h" | "--help" => {
+                println!("usage: kernels [--arch sm_80,sm_90,...]  (default {DEFAULT_ARCHS})");
+                return ExitCode::SUCCESS;
+            }
+            other => return usage(&format!("unknown argument `{other}`")),
+        }
+    }
+    match nvrtc_version() {
+        Ok((major, minor)) => println!("nvrtc {major}.{minor}"),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let mut failures = 0;
+    for (krate, source) in comm_examples::all_kernel_sources() {
+        for arch in archs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            match compile(&source, arch) {
+                Ok(image) => {
+                    let kind = match image {
+                        Image::Cubin(_) => "cubin",
+                        Image::Ptx(_) => "ptx",
+                    };
+                    println!(
+                        "ok    {krate}/{:<24} {arch:<8} {kind:<5} {:>9} bytes",
+                        source.name,
+                        image.bytes().len()
+                    );
+                }
+                Err(e) => {
+                    failures += 1;
+                    println!("FAIL  {krate}/{:<24} {arch:<8} {e}", source.name);
+                }
+            }
+        }
+    }
+    if failures > 0 {
+        eprintln!("{failures} compilation(s) failed");
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn usage(why: &str) -> ExitCode {
+    eprintln!("error: {why}\nusage: kernels [--arch sm_80,sm_90,...]");
+    ExitCode::from(2)
+}

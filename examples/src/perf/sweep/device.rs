@@ -1,0 +1,167 @@
+//! The sweep on device memory, for backends that take only GPU buffers (NCCL).
+//!
+//! Inputs are made and results checked by kernels of ours
+//! ([`PatternKernels`](comm_core::cuda::PatternKernels)), as nccl-tests does, so a sweep
+//! to gigabytes never copies data to the host. Each timed call is framed by two CUDA
+//! events on the stream; a size's time is the median of those per-call GPU times, taken
+//! after the stream has drained (bounded by the bootstrap's timeout). The check runs on
+//! fresh data with the output poisoned (all bits set: NaN, -1 or 255), and the
+//! fingerprint of the result is taken from one copy to the host.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use comm_core::cuda::cudarc::driver::{CudaEvent, CudaStream, sys};
+use comm_core::cuda::stream::wait_stream;
+use comm_core::cuda::{DeviceMemory, DeviceOwned, PatternKernels, device_count, driver_error};
+use comm_core::{Collective, MemoryLocation, Result};
+
+use super::{Measured, Point, Row, Run, iterations, median};
+use crate::perf::data::{fingerprint, mix64};
+
+impl Run<'_> {
+    /// [`Run::sweep`] for device-memory backends.
+    pub(super) fn sweep_device(&self, points: Vec<Point>) -> Result<Vec<Row>> {
+        let cfg = self.cfg;
+        // The device rule of the GPU backends: one GPU per rank of a node.
+        let ordinal = self.ctl.local_rank() % device_count()?;
+        let memory = DeviceMemory::new(ordinal)?;
+        self.comm.capabilities().check(
+            self.backend,
+            Collective::AllReduce,
+            cfg.dtype,
+            Some(cfg.op),
+            points.first().map_or(0, |p| p.bytes as usize),
+            MemoryLocation::Device {
+                ordinal: ordinal as i32,
+                stream: memory.raw_stream(),
+            },
+        )?;
+        let kernels = PatternKernels::load(memory.context())?;
+        let largest = points.iter().map(|p| p.count).max().unwrap_or(0);
+        let mut send = memory.alloc(cfg.dtype, largest)?;
+        let mut recv = memory.alloc(cfg.dtype, if cfg.in_place { 0 } else { largest })?;
+        let mut rows = Vec::with_capacity(points.len());
+        for (index, point) in points.iter().enumerate() {
+            (self.observe)(super::Event::Starting {
+                backend: self.backend,
+                index,
+                total: points.len(),
+                bytes: point.bytes,
+            });
+            let (iters, mine) =
+                self.measure_device(point, index, &memory, &kernels, &mut send, &mut recv)?;
+            let row = self.gather(point, iters, mine)?;
+            (self.observe)(super::Event::Finished(&row));
+            rows.push(row);
+        }
+        Ok(rows)
+    }
+
+    fn measure_device(
+        &self,
+        point: &Point,
+        index: usize,
+        memory: &DeviceMemory,
+        kernels: &PatternKernels,
+        send: &mut DeviceOwned,
+        recv: &mut DeviceOwned,
+    ) -> Result<(usize, Measured)> {
+        let (cfg, rank, ranks) = (self.cfg, self.comm.rank(), self.comm.world_size());
+        let seed = |purpose: u64| mix64(cfg.seed ^ mix64((index as u64) << 8 | purpose));
+        let n = point.count;
+        kernels.fill(send.view_mut(0, n)?, seed(1), rank as u32)?;
+        let (warmup, iters) = match (cfg.warmup, cfg.iters) {
+            (Some(warmup), Some(iters)) => (warmup, iters),
+            // As on the host: the first warm-up call, drained, sets the counts that fit
+            // the time budget, agreed on the slowest rank.
+            (warmup, iters) => {
+                self.drain(memory)?;
+                let start = Instant::now();
+                self.call_device(send, recv, n)?;
+                self.drain(memory)?;
+                let slowest = self.slowest(start.elapsed().as_secs_f64())?;
+                let (warmup, iters) = iterations(slowest, warmup, iters);
+                (warmup - 1, iters)
+            }
+        };
+        for _ in 0..warmup {
+            self.call_device(send, recv, n)?;
+        }
+        self.drain(memory)?;
+        self.comm.barrier()?;
+        let stream = memory.stream();
+        let events = (0..=iters)
+            .map(|_| timing_event(stream))
+            .collect::<Result<Vec<_>>>()?;
+        events[0].record(stream).map_err(driver_error)?;
+        for event in &events[1..] {
+            self.call_device(send, recv, n)?;
+            event.record(stream).map_err(driver_error)?;
+        }
+        self.drain(memory)?;
+        let mut times = events
+            .windows(2)
+            .map(|w| {
+                w[0].elapsed_ms(&w[1])
+                    .map(|ms| Duration::from_secs_f64(f64::from(ms) / 1e3))
+                    .map_err(driver_error)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let median_us = (median(&mut times).as_secs_f64() * 1e9).round() / 1e3;
+        if !cfg.check {
+            return Ok((
+                iters,
+                Measured {
+                    median_us,
+                    wrong: 0,
+                    fingerprint: 0,
+                },
+            ));
+        }
+        kernels.fill(send.view_mut(0, n)?, seed(2), rank as u32)?;
+        if !cfg.in_place {
+            recv.poison(0xff)?;
+        }
+        self.call_device(send, recv, n)?;
+        self.drain(memory)?;
+        let out = if cfg.in_place { &*send } else { &*recv };
+        let wrong = kernels.check_all_reduce(out.view(0, n)?, cfg.op, seed(2), ranks as u32)?;
+        let bytes = out.read()?;
+        Ok((
+            iters,
+            Measured {
+                median_us,
+                wrong,
+                fingerprint: fingerprint(&bytes[..n * cfg.dtype.size()]),
+            },
+        ))
+    }
+
+    fn call_device(&self, send: &mut DeviceOwned, recv: &mut DeviceOwned, n: usize) -> Result<()> {
+        if self.cfg.in_place {
+            self.comm
+                .all_reduce_in_place(send.view_mut(0, n)?, self.cfg.op)
+        } else {
+            self.comm
+                .all_reduce(send.view(0, n)?, recv.view_mut(0, n)?, self.cfg.op)
+        }
+    }
+
+    /// Waits for the stream, bounded like every other wait of the job.
+    fn drain(&self, memory: &DeviceMemory) -> Result<()> {
+        wait_stream(
+            memory.context(),
+            memory.raw_stream(),
+            self.ctl.timeout(),
+            || Ok(()),
+        )
+    }
+}
+
+fn timing_event(stream: &Arc<CudaStream>) -> Result<CudaEvent> {
+    stream
+        .context()
+        .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(driver_error)
+}
