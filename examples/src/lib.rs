@@ -20,9 +20,10 @@ use comm_core::cuda::KernelSource;
 
 /// Every kernel source of the workspace, with the crate it belongs to.
 pub fn all_kernel_sources() -> Vec<(&'static str, KernelSource)> {
-    let lists: [(&str, &[KernelSource]); 2] = [
+    let lists: [(&str, &[KernelSource]); 3] = [
         ("comm-core", comm_core::cuda::kernels::KERNELS),
         ("comm-nccl", comm_nccl::KERNELS),
+        ("comm-ipc", comm_ipc::KERNELS),
     ];
     lists
         .into_iter()

@@ -65,6 +65,14 @@ pub fn all() -> Vec<Backend> {
             create: create_symm,
         },
         Backend {
+            name: "ipc",
+            about: "CUDA-IPC custom all-reduce, device memory, ranks may share a GPU (comm_ipc::IpcComm)",
+            modes: &Mode::ALL,
+            // Needs a GPU: measured when asked for.
+            default: false,
+            create: create_ipc,
+        },
+        Backend {
             name: "nccl",
             about: "NCCL on device memory, one GPU per rank (comm_nccl::NcclComm)",
             modes: &Mode::ALL,
@@ -157,6 +165,12 @@ fn create_auto(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
 fn create_mpi(_ctx: &RankContext) -> Result<Box<dyn Communicator>> {
     let bootstrap = comm_core::MpiBootstrap::init()?;
     Ok(Box::new(comm_core::MpiComm::new(&bootstrap)?))
+}
+
+fn create_ipc(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    Ok(Box::new(comm_ipc::IpcComm::from_bootstrap(
+        ctx.bootstrap().clone(),
+    )?))
 }
 
 fn create_nccl(ctx: &RankContext) -> Result<Box<dyn Communicator>> {

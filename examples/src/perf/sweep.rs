@@ -230,7 +230,15 @@ fn algorithms(
     let has = comm.capabilities().algorithms;
     match wanted {
         Algorithms::Default => Ok(vec![None]),
-        _ if has.is_empty() => Ok(vec![None]),
+        _ if has.is_empty() => {
+            if matches!(wanted, Algorithms::Named(_)) {
+                observe(Event::Note {
+                    backend,
+                    message: "has no named algorithms: measuring its own choice".into(),
+                });
+            }
+            Ok(vec![None])
+        }
         Algorithms::All => Ok(has.into_iter().map(Some).collect()),
         Algorithms::Named(names) => {
             let (known, unknown): (Vec<&String>, Vec<&String>) =

@@ -1,0 +1,143 @@
+//! The all-reduce algorithms, by name, and the automatic choice per (world size, bytes).
+
+use std::fmt;
+use std::str::FromStr;
+
+use comm_core::{Error, Result};
+
+/// One all-reduce algorithm of [`IpcComm`](crate::IpcComm).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Barrier, then every rank reads every rank's buffer and reduces (rank order).
+    /// Fewest steps: best for small messages when reads are cheap (NVLink).
+    OneshotPull,
+    /// Reduce-scatter (rank r reduces slice r from every rank), barrier, all-gather (every
+    /// rank reads every reduced slice). Moves `2 (n-1)/n` of the message per rank: large
+    /// messages.
+    TwoshotPull,
+    /// Lamport: every rank writes its data into every peer's mailbox (a sentinel marks
+    /// what has not arrived), then reduces its own mailbox. No barrier; posted writes only.
+    OneshotPush,
+    /// Lamport two-shot: slice j goes to rank j, which reduces it and pushes the result to
+    /// every rank.
+    TwoshotPush,
+}
+
+impl Algorithm {
+    /// Every algorithm, in a stable order.
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::OneshotPull,
+        Algorithm::TwoshotPull,
+        Algorithm::OneshotPush,
+        Algorithm::TwoshotPush,
+    ];
+
+    /// The name users and `comm-select` pass (`oneshot-pull`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::OneshotPull => "oneshot-pull",
+            Algorithm::TwoshotPull => "twoshot-pull",
+            Algorithm::OneshotPush => "oneshot-push",
+            Algorithm::TwoshotPush => "twoshot-push",
+        }
+    }
+
+    /// The kernel-name stem (`oneshot_pull`, ...).
+    pub(crate) const fn kernel_stem(self) -> &'static str {
+        match self {
+            Algorithm::OneshotPull => "oneshot_pull",
+            Algorithm::TwoshotPull => "twoshot_pull",
+            Algorithm::OneshotPush => "oneshot_push",
+            Algorithm::TwoshotPush => "twoshot_push",
+        }
+    }
+
+    /// The default for `world` ranks and `bytes` per rank: one-shot while the message is
+    /// small enough that latency (one barrier, one pass) dominates, two-shot beyond, where
+    /// each rank reads `2 (n-1)/n` of the message instead of `n - 1` times it. The cut-offs
+    /// are vLLM's (its custom all-reduce measured them on NVLink: 512 KiB for 2 ranks,
+    /// 256 KiB for 4, 128 KiB for 8). Pull, because on NVLink and on one device reads
+    /// are as cheap as writes and need no sentinel pass; PCIe hosts where posted writes win
+    /// should pick the push variants through `comm-select`'s table.
+    pub fn auto(world: usize, bytes: usize) -> Algorithm {
+        let oneshot_limit = match world {
+            0..=2 => 512 << 10,
+            3..=4 => 256 << 10,
+            _ => 128 << 10,
+        };
+        if bytes <= oneshot_limit {
+            Algorithm::OneshotPull
+        } else {
+            Algorithm::TwoshotPull
+        }
+    }
+
+    /// True for the Lamport (write-into-peers) algorithms.
+    pub const fn is_push(self) -> bool {
+        matches!(self, Algorithm::OneshotPush | Algorithm::TwoshotPush)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let wanted = s.trim().to_ascii_lowercase().replace('_', "-");
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == wanted)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+                Error::InvalidArgument(format!(
+                    "unknown ipc algorithm `{s}` (known: {}, or auto)",
+                    known.join(", ")
+                ))
+            })
+    }
+}
+
+/// Parses `auto` (or an empty string) as `None`, anything else as an [`Algorithm`].
+pub fn parse_choice(s: &str) -> Result<Option<Algorithm>> {
+    match s.trim() {
+        "" | "auto" => Ok(None),
+        name => name.parse().map(Some),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);
+            assert_eq!(a.kernel_stem().replace('_', "-"), a.name());
+        }
+        assert_eq!(
+            "TWOSHOT_PUSH".parse::<Algorithm>().unwrap(),
+            Algorithm::TwoshotPush
+        );
+        let err = "threeshot".parse::<Algorithm>().unwrap_err();
+        assert!(err.to_string().contains("oneshot-pull"), "{err}");
+        assert_eq!(parse_choice("auto").unwrap(), None);
+    }
+
+    #[test]
+    fn auto_is_oneshot_small_and_twoshot_large() {
+        assert_eq!(Algorithm::auto(8, 42 << 10), Algorithm::OneshotPull);
+        assert_eq!(Algorithm::auto(8, 64 << 20), Algorithm::TwoshotPull);
+        assert_eq!(Algorithm::auto(2, 512 << 10), Algorithm::OneshotPull);
+        assert_eq!(Algorithm::auto(4, 512 << 10), Algorithm::TwoshotPull);
+        for world in 1..=8 {
+            assert_eq!(Algorithm::auto(world, 0), Algorithm::OneshotPull);
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Zero-copy buffers: device memory allocated from the communicator, so that peers read
+//! an input where it is instead of from a copy in the communicator's own region (the idea
+//! of symmetric allocation, and of vLLM's registered graph buffers).
+
+use std::sync::{Arc, Mutex};
+
+use comm_core::cuda::cudarc::driver::CudaStream;
+use comm_core::cuda::stream::raw_stream;
+use comm_core::{BufferMut, BufferRef, DType, Error, Result};
+
+use crate::registered::Registered;
+
+/// The registered buffers of one communicator: `(base, bytes, device table)`.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    entries: Mutex<Vec<(u64, usize, u64)>>,
+}
+
+impl Registry {
+    /// The device table and offset of a buffer holding `bytes` at `addr`, if registered.
+    pub(crate) fn find(&self, addr: u64, bytes: usize) -> Option<(u64, u64)> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries
+            .iter()
+            .find(|(base, len, _)| addr >= *base && addr + bytes as u64 <= base + *len as u64)
+            .map(|&(base, _, table)| (table, addr - base))
+    }
+
+    fn insert(&self, base: u64, bytes: usize, table: u64) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.push((base, bytes, table));
+    }
+
+    fn remove(&self, base: u64) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.retain(|(b, _, _)| *b != base);
+    }
+}
+
+/// Device memory registered with every rank of an [`IpcComm`](crate::IpcComm), from
+/// [`IpcComm::alloc`](crate::IpcComm::alloc). All-reduces whose input lies in such a buffer
+/// skip the copy into the communicator's region (pull algorithms).
+///
+/// Drop it on every rank together, after the work that reads it has finished everywhere
+/// (a peer may read this rank's buffer until its own kernel has completed).
+#[derive(Debug)]
+pub struct IpcBuffer {
+    reg: Registered,
+    bytes: usize,
+    registry: Arc<Registry>,
+}
+
+impl IpcBuffer {
+    pub(crate) fn new(reg: Registered, bytes: usize, registry: Arc<Registry>) -> Self {
+        registry.insert(reg.buffer().device_ptr(), bytes, reg.table());
+        IpcBuffer {
+            reg,
+            bytes,
+            registry,
+        }
+    }
+
+    /// Device address of the first byte.
+    pub fn device_ptr(&self) -> u64 {
+        self.reg.buffer().device_ptr()
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Elements `offset .. offset + len` of `dtype`, for a collective on `stream`.
+    pub fn view(
+        &self,
+        dtype: DType,
+        offset: usize,
+        len: usize,
+        stream: &CudaStream,
+    ) -> Result<BufferRef<'_>> {
+        let addr = self.range(dtype, offset, len)?;
+        // SAFETY: the range lies inside the allocation, which the view borrows.
+        Ok(unsafe {
+            BufferRef::from_device_ptr(addr, len, dtype, self.ordinal(), raw_stream(stream))
+        })
+    }
+
+    /// Writable elements `offset .. offset + len` of `dtype`, for a collective on `stream`.
+    pub fn view_mut(
+        &mut self,
+        dtype: DType,
+        offset: usize,
+        len: usize,
+        stream: &CudaStream,
+    ) -> Result<BufferMut<'_>> {
+        let addr = self.range(dtype, offset, len)?;
+        // SAFETY: the range lies inside the allocation, which the view borrows exclusively.
+        Ok(unsafe {
+            BufferMut::from_device_ptr(addr, len, dtype, self.ordinal(), raw_stream(stream))
+        })
+    }
+
+    /// Copies host bytes to byte `offset`, ordered on `stream`; returns once done.
+    pub fn upload(&mut self, stream: &CudaStream, offset: usize, src: &[u8]) -> Result<()> {
+        self.reg.buffer_mut().upload_bytes(stream, offset, src)
+    }
+
+    /// Copies bytes from byte `offset` into `dst`, after the work on `stream`; returns once done.
+    pub fn download(&self, stream: &CudaStream, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.reg.buffer().download_bytes(stream, offset, dst)
+    }
+
+    fn ordinal(&self) -> i32 {
+        self.reg.buffer().context().ordinal() as i32
+    }
+
+    fn range(&self, dtype: DType, offset: usize, len: usize) -> Result<u64> {
+        let start = offset * dtype.size();
+        match (len * dtype.size()).checked_add(start) {
+            Some(end) if end <= self.bytes => Ok(self.device_ptr() + start as u64),
+            _ => Err(Error::InvalidArgument(format!(
+                "elements {offset}+{len} of {dtype} are outside an ipc buffer of {} bytes",
+                self.bytes
+            ))),
+        }
+    }
+}
+
+impl Drop for IpcBuffer {
+    fn drop(&mut self) {
+        self.registry.remove(self.device_ptr());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_finds_ranges_inside_buffers_only() {
+        let r = Registry::default();
+        r.insert(0x1000, 256, 0xaa);
+        r.insert(0x4000, 64, 0xbb);
+        assert_eq!(r.find(0x1000, 256), Some((0xaa, 0)));
+        assert_eq!(r.find(0x1010, 16), Some((0xaa, 0x10)));
+        assert_eq!(r.find(0x1010, 256), None);
+        assert_eq!(r.find(0x4020, 32), Some((0xbb, 0x20)));
+        assert_eq!(r.find(0x3000, 4), None);
+        r.remove(0x1000);
+        assert_eq!(r.find(0x1000, 4), None);
+    }
+}

@@ -1,0 +1,72 @@
+//! `IpcComm` with in-process ranks (threads bootstrap, one device): the no-GPU error
+//! path runs everywhere; the conformance suite per algorithm needs a GPU (`--include-ignored`
+//! on a machine with one). The multi-process checks are the `ipc_check` example under mpirun.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use comm_core::conformance::{self, Config};
+use comm_core::cuda::DeviceMemory;
+use comm_core::{Error, ThreadsBootstrap};
+use comm_ipc::{Algorithm, IpcComm, IpcConfig};
+
+fn on_threads<R: Send + 'static>(
+    world: usize,
+    body: impl Fn(Arc<ThreadsBootstrap>) -> R + Send + Sync + 'static,
+) -> Vec<R> {
+    let body = Arc::new(body);
+    let handles: Vec<_> = ThreadsBootstrap::with_timeout(world, Duration::from_secs(60))
+        .into_iter()
+        .map(|b| {
+            let body = body.clone();
+            std::thread::spawn(move || body(Arc::new(b)))
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn without_a_gpu_every_rank_fails_cleanly() {
+    if comm_core::cuda::device_count().is_ok() {
+        eprintln!("skipped: a GPU is present");
+        return;
+    }
+    for result in on_threads(2, |b| IpcComm::new(b, 0, IpcConfig::default()).map(drop)) {
+        let err = result.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Bootstrap(_) | Error::LibraryMissing { .. } | Error::NoDevice(_)
+            ),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn conformance_of_every_algorithm_on_in_process_ranks() {
+    for algo in Algorithm::ALL {
+        for world in [2, 3] {
+            let reports = on_threads(world, move |b| {
+                let config = IpcConfig {
+                    max_bytes: 1 << 20,
+                    algorithm: Some(algo),
+                    ..IpcConfig::default()
+                };
+                let comm = IpcComm::new(b, 0, config)?;
+                let memory = DeviceMemory::new(0)?;
+                let suite = Config {
+                    random_cases: 16,
+                    large_count: Some(1 << 18),
+                    ..Config::default()
+                };
+                conformance::run_with_memory(&comm, &memory, &suite)
+                    .map_err(|f| Error::Mismatch(f.to_string()))
+            });
+            for r in reports {
+                r.unwrap_or_else(|e| panic!("{algo} on {world} ranks: {e}"));
+            }
+        }
+    }
+}
