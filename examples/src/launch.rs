@@ -9,6 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use comm_core::bootstrap::LaunchInfo;
 use comm_core::{Bootstrap, EnvBootstrap, Error, Result, ThreadsBootstrap};
 
 use crate::backends::{RankContext, ThreadGroup};
@@ -76,16 +77,20 @@ impl FromStr for Mode {
     }
 }
 
-/// True when a launcher (mpirun, torchrun, srun with PMI) started this process.
+/// True when a launcher (mpirun, torchrun, a PMI launcher) started this process.
 pub fn launched() -> bool {
-    // Until comm-core's `LaunchInfo::detect` lands, read the launchers' own variables.
-    const SIZE_VARS: [&str; 4] = [
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_SIZE",
-        "PMIX_SIZE",
-        "WORLD_SIZE",
-    ];
-    SIZE_VARS.iter().any(|v| std::env::var_os(v).is_some())
+    // Variables that are set but inconsistent still mean a launcher: the env bootstrap
+    // then reports what is wrong with them, rather than the run quietly using threads.
+    !matches!(LaunchInfo::detect(), Ok(None))
+}
+
+/// This process's rank as its launcher announced it; 0 without a launcher, or when the
+/// launcher's variables cannot be read (the bootstrap reports those).
+pub fn launcher_rank() -> usize {
+    LaunchInfo::detect()
+        .ok()
+        .flatten()
+        .map_or(0, |info| info.rank)
 }
 
 /// Builds this process's rank context in a multi-process `mode`.
@@ -99,6 +104,9 @@ fn process_bootstrap(mode: Mode) -> Result<Arc<dyn Bootstrap>> {
             "in-process ranks are started with run_threads".into(),
         )),
         Mode::Env => Ok(Arc::new(EnvBootstrap::from_env()?)),
+        #[cfg(feature = "mpi")]
+        Mode::Mpi => Ok(Arc::new(comm_core::MpiBootstrap::init()?)),
+        #[cfg(not(feature = "mpi"))]
         Mode::Mpi => Err(Error::Unsupported(
             "this build has no MPI (rebuild with --features mpi)".into(),
         )),

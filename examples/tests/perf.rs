@@ -8,8 +8,9 @@ use comm_core::{
     BufferMut, BufferRef, Capabilities, Communicator, DType, LocalComm, ReduceOp, Result,
 };
 use comm_examples::backends::{self, RankContext};
+use comm_examples::launch::Mode;
 use comm_examples::perf::report::{self, CSV_HEADER};
-use comm_examples::perf::{Row, SweepConfig, run_in_process};
+use comm_examples::perf::{Algorithms, Row, SweepConfig, run_in_process};
 
 fn config(sizes: &[u64], dtype: DType, op: ReduceOp, check: bool) -> SweepConfig {
     SweepConfig {
@@ -21,7 +22,7 @@ fn config(sizes: &[u64], dtype: DType, op: ReduceOp, check: bool) -> SweepConfig
         check,
         in_place: false,
         seed: 12345,
-        algorithm: None,
+        algorithms: Algorithms::Default,
     }
 }
 
@@ -81,23 +82,53 @@ fn json_and_csv_have_one_record_per_size() {
     assert_eq!(lines.len(), 4);
     let fields = CSV_HEADER.split(',').count();
     assert!(lines.iter().all(|l| l.split(',').count() == fields));
-    assert!(lines[1].starts_with("test,threads,2,f32,sum,false,8,2,"));
+    assert!(lines[1].starts_with("test,,threads,2,f32,sum,false,8,2,"));
     let _ = (std::fs::remove_file(json), std::fs::remove_file(csv));
 }
 
+/// Every in-process backend of the registry passes the check, for every dtype and op.
 #[test]
-fn local_passes_the_check_for_every_dtype_and_op() {
-    for dtype in DType::ALL {
-        for op in ReduceOp::ALL {
-            for in_place in [false, true] {
-                let mut cfg = config(&[1, 24, 1000, 70_000], dtype, op, true);
-                cfg.in_place = in_place;
-                for row in sweep(&local, 3, &cfg) {
-                    assert!(!row.failed(), "{dtype} {op} in_place={in_place}: {row:?}");
+fn registered_backends_pass_the_check_for_every_dtype_and_op() {
+    for backend in backends::defaults(Mode::Threads) {
+        for dtype in DType::ALL {
+            for op in ReduceOp::ALL {
+                for in_place in [false, true] {
+                    let mut cfg = config(&[1, 24, 1000, 70_000], dtype, op, true);
+                    cfg.in_place = in_place;
+                    for row in sweep(&backend.create, 3, &cfg) {
+                        let what = format!("{} {dtype} {op} in_place={in_place}", backend.name);
+                        assert!(!row.failed(), "{what}: {row:?}");
+                    }
                 }
             }
         }
     }
+}
+
+#[test]
+fn each_algorithm_gets_its_own_rows() {
+    let symm = backends::find("symm").unwrap().create;
+    let mut cfg = config(&[64, 4096], DType::F32, ReduceOp::Sum, true);
+    cfg.algorithms = Algorithms::All;
+    let rows = sweep(&symm, 2, &cfg);
+    let labels: Vec<String> = rows.iter().map(Row::label).collect();
+    assert!(labels.contains(&"test:oneshot".to_string()), "{labels:?}");
+    assert!(labels.contains(&"test:twoshot".to_string()), "{labels:?}");
+    assert!(rows.iter().all(|r| !r.failed()));
+
+    cfg.algorithms = Algorithms::Named(vec!["twoshot".into(), "no-such".into()]);
+    let rows = sweep(&symm, 2, &cfg);
+    assert!(
+        rows.iter()
+            .all(|r| r.algorithm.as_deref() == Some("twoshot"))
+    );
+    // A backend without named algorithms runs its own choice.
+    let rows = sweep(&local, 2, &cfg);
+    assert!(rows.iter().all(|r| r.algorithm.is_none()));
+
+    cfg.algorithms = Algorithms::Named(vec!["no-such".into()]);
+    let err = run_in_process("test", &symm, 2, &cfg, &|_| {}).unwrap_err();
+    assert!(err.to_string().contains("oneshot"), "{err}");
 }
 
 /// A backend that gets rank 1's first element wrong.
@@ -164,6 +195,9 @@ fn perf(args: &[&str]) -> std::process::Output {
         .args(args)
         .env_remove("OMPI_COMM_WORLD_SIZE")
         .env_remove("WORLD_SIZE")
+        .env_remove("RANK")
+        .env_remove("PMI_RANK")
+        .env_remove("OMPI_COMM_WORLD_RANK")
         .output()
         .expect("allreduce-perf starts")
 }
@@ -192,6 +226,8 @@ fn binary_runs_a_checked_sweep_and_writes_files() {
     let out = perf(&[
         "--sizes",
         "8,4K,64K",
+        "--backend",
+        "local,bootstrap",
         "--ranks",
         "2",
         "--iters",
@@ -218,10 +254,87 @@ fn binary_runs_a_checked_sweep_and_writes_files() {
     );
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(doc["results"].as_array().unwrap().len(), 3);
-    assert_eq!(std::fs::read_to_string(&csv).unwrap().lines().count(), 4);
+    let results = doc["results"].as_array().unwrap();
+    let backends: Vec<&str> = results
+        .iter()
+        .map(|r| r["backend"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        backends,
+        [
+            "local",
+            "local",
+            "local",
+            "bootstrap",
+            "bootstrap",
+            "bootstrap"
+        ]
+    );
+    assert!(
+        results
+            .iter()
+            .all(|r| r["wrong"] == 0 && r["dtype"] == "bf16")
+    );
+    assert_eq!(std::fs::read_to_string(&csv).unwrap().lines().count(), 7);
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
     for f in [json, csv, svg] {
         let _ = std::fs::remove_file(f);
     }
+}
+
+#[test]
+fn tune_writes_a_table_the_selector_reads() {
+    let table = temp("tune.json");
+    let out = perf(&[
+        "--backend",
+        "local,symm",
+        "--sizes",
+        "1K,256K",
+        "--ranks",
+        "2",
+        "--iters",
+        "2",
+        "--tune",
+        table.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = comm_select::TuningTable::load(&table).expect("a tuning table");
+    assert_eq!(table.world_size, 2);
+    let labels: Vec<String> = table
+        .measurements
+        .iter()
+        .map(|m| format!("{}:{}", m.backend, m.algorithm.as_deref().unwrap_or("-")))
+        .collect();
+    assert!(labels.contains(&"local:-".to_string()), "{labels:?}");
+    assert!(labels.contains(&"symm:twoshot".to_string()), "{labels:?}");
+    assert!(table.measurements.iter().all(|m| m.time_us > 0.0));
+}
+
+#[test]
+fn auto_backend_passes_the_check() {
+    let out = perf(&[
+        "--backend",
+        "auto",
+        "--sizes",
+        "8,64K",
+        "--ranks",
+        "3",
+        "--iters",
+        "2",
+        "--check",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("backend: auto") && stdout.contains("OK"),
+        "{stdout}"
+    );
 }

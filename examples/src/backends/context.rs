@@ -19,7 +19,6 @@ use crate::launch::Mode;
 #[derive(Clone)]
 pub struct RankContext {
     mode: Mode,
-    algorithm: Option<String>,
     bootstrap: Arc<dyn Bootstrap>,
     group: Option<Arc<ThreadGroup>>,
 }
@@ -29,7 +28,6 @@ impl RankContext {
     pub fn threads(bootstrap: Arc<dyn Bootstrap>, group: Arc<ThreadGroup>) -> Self {
         RankContext {
             mode: Mode::Threads,
-            algorithm: None,
             bootstrap,
             group: Some(group),
         }
@@ -39,21 +37,9 @@ impl RankContext {
     pub fn process(mode: Mode, bootstrap: Arc<dyn Bootstrap>) -> Self {
         RankContext {
             mode,
-            algorithm: None,
             bootstrap,
             group: None,
         }
-    }
-
-    /// The same context, asking backends for `algorithm` (`--algo`).
-    pub fn with_algorithm(mut self, algorithm: Option<String>) -> Self {
-        self.algorithm = algorithm;
-        self
-    }
-
-    /// The algorithm asked for, if any; backends without named algorithms refuse one.
-    pub fn algorithm(&self) -> Option<&str> {
-        self.algorithm.as_deref()
     }
 
     /// How the ranks were started.

@@ -9,7 +9,7 @@
 
 mod context;
 
-use comm_core::{Communicator, Error, LocalComm, Result};
+use comm_core::{BootstrapComm, Communicator, Error, LocalComm, Result};
 
 pub use context::{RankContext, SharedBootstrap, ThreadGroup};
 
@@ -51,6 +51,20 @@ pub fn all() -> Vec<Backend> {
             create: create_local,
         },
         Backend {
+            name: "bootstrap",
+            about: "data through the job's bootstrap, any launch (comm_core::BootstrapComm)",
+            modes: &[Mode::Threads, Mode::Env, Mode::Mpi],
+            default: true,
+            create: create_bootstrap,
+        },
+        Backend {
+            name: "symm",
+            about: "host symmetric heap shared by the ranks of one node (comm_symm::SymmComm)",
+            modes: &[Mode::Threads, Mode::Env, Mode::Mpi],
+            default: true,
+            create: create_symm,
+        },
+        Backend {
             name: "ipc",
             about: "CUDA-IPC custom all-reduce, device memory, ranks may share a GPU (comm_ipc::IpcComm)",
             modes: &Mode::ALL,
@@ -65,6 +79,22 @@ pub fn all() -> Vec<Backend> {
             // Needs a GPU and libnccl: measured when asked for.
             default: false,
             create: create_nccl,
+        },
+        Backend {
+            name: "auto",
+            about: "picks one of the mode's default backends per call (comm_select::SelectComm; \
+                    reads COMM_BACKEND, COMM_TUNING, COMM_TOPOLOGY)",
+            modes: &[Mode::Threads, Mode::Env, Mode::Mpi],
+            default: false,
+            create: create_auto,
+        },
+        #[cfg(feature = "mpi")]
+        Backend {
+            name: "mpi",
+            about: "MPI's own collectives, one rank per process (comm_core::MpiComm)",
+            modes: &[Mode::Env, Mode::Mpi],
+            default: true,
+            create: create_mpi,
         },
     ]
 }
@@ -93,18 +123,7 @@ pub fn defaults(mode: Mode) -> Vec<Backend> {
         .collect()
 }
 
-/// Backends without named algorithms refuse `--algo`.
-fn refuse_algorithm(ctx: &RankContext, backend: &str) -> Result<()> {
-    match ctx.algorithm() {
-        None => Ok(()),
-        Some(name) => Err(Error::Unsupported(format!(
-            "{backend} has no algorithm `{name}`"
-        ))),
-    }
-}
-
 fn create_local(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
-    refuse_algorithm(ctx, "local")?;
     let group = ctx.thread_group().ok_or_else(|| {
         Error::Unsupported(
             "local: needs in-process ranks (run without a launcher, or use --bootstrap threads)"
@@ -115,14 +134,46 @@ fn create_local(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
     Ok(Box::new(comm))
 }
 
+fn create_bootstrap(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    Ok(Box::new(BootstrapComm::new(ctx.shared_bootstrap())))
+}
+
+fn create_symm(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    Ok(Box::new(comm_symm::SymmComm::new(&**ctx.bootstrap())?))
+}
+
+/// Every default backend of the mode, behind one selector. Each member is built on the
+/// same context, in registry order, so the ranks agree on the list.
+fn create_auto(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    let members = defaults(ctx.mode())
+        .iter()
+        .filter(|b| b.name != "auto")
+        .map(|b| (b.create)(ctx))
+        .collect::<Result<Vec<_>>>()?;
+    let options = comm_select::SelectOptions::from_env()?;
+    Ok(Box::new(comm_select::SelectComm::new(
+        &**ctx.bootstrap(),
+        members,
+        options,
+    )?))
+}
+
+/// MPI is initialised once per process and reused, so this works under either
+/// multi-process bootstrap; under a launcher that is not MPI's, MPI sees a world of one
+/// and the sweep refuses the mismatch.
+#[cfg(feature = "mpi")]
+fn create_mpi(_ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    let bootstrap = comm_core::MpiBootstrap::init()?;
+    Ok(Box::new(comm_core::MpiComm::new(&bootstrap)?))
+}
+
 fn create_ipc(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
-    let comm = comm_ipc::IpcComm::from_bootstrap(ctx.bootstrap().clone())?;
-    comm.set_algorithm(ctx.algorithm())?;
-    Ok(Box::new(comm))
+    Ok(Box::new(comm_ipc::IpcComm::from_bootstrap(
+        ctx.bootstrap().clone(),
+    )?))
 }
 
 fn create_nccl(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
-    refuse_algorithm(ctx, "nccl")?;
     Ok(Box::new(comm_nccl::NcclComm::from_bootstrap(
         &**ctx.bootstrap(),
     )?))
@@ -143,9 +194,30 @@ mod tests {
         assert!(err.contains("local"), "{err}");
     }
 
+    /// Tuning tables and the selector name backends by `Communicator::name`: the
+    /// registry must use the same names.
+    #[test]
+    fn registry_names_are_the_communicators_names() {
+        for backend in all().into_iter().filter(|b| b.runs_in(Mode::Threads)) {
+            let names = crate::launch::run_threads(2, |ctx| {
+                (backend.create)(&ctx).map(|c| c.name().to_string())
+            })
+            .unwrap();
+            for name in names {
+                match name {
+                    Ok(name) => assert_eq!(name, backend.name),
+                    // GPU backends on a machine without GPU or driver: nothing to compare.
+                    Err(Error::NoDevice(_) | Error::LibraryMissing { .. }) => {}
+                    Err(e) => panic!("{}: {e}", backend.name),
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_mode_with_defaults_runs_them() {
         assert!(defaults(Mode::Threads).iter().any(|b| b.name == "local"));
+        assert!(defaults(Mode::Env).iter().any(|b| b.name == "bootstrap"));
         for mode in [Mode::Threads, Mode::Env, Mode::Mpi] {
             assert!(defaults(mode).iter().all(|b| b.runs_in(mode)));
         }

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use comm_core::{DType, ReduceOp};
 
+use super::sweep::Algorithms;
 use crate::launch::Mode;
 
 /// Sizes swept when `--sizes` is not given.
@@ -28,20 +29,26 @@ USAGE:
     mpirun -np N allreduce-perf [OPTIONS]     (one rank per process)
 
 OPTIONS:
-    --sizes SPEC         sizes in bytes: MIN:MAX (grown by --factor), or a comma list;
+    --sizes SPEC         sizes in bytes: MIN:MAX (grown by --factor), MIN:MAX:FACTOR,
+                         or a comma list;
                          suffixes K, M, G (powers of 1024) [default: 8:64M]
     -b, --minbytes N     MIN of the range (with -e)
     -e, --maxbytes N     MAX of the range (with -b)
     -f, --factor F       growth factor of a MIN:MAX range, > 1 [default: 2]
     -d, --dtype T        f32, f64, f16, bf16, i32, i64, u8 [default: f32]
     -o, --op OP          sum, prod, min, max, avg [default: sum]
-    -n, --iters N        timed iterations per size [default: 20, fewer for large sizes]
-    -w, --warmup N       untimed iterations per size [default: 5, fewer for large sizes]
+    -n, --iters N        timed iterations per size [default: as many as fit in 0.25 s,
+                         3 to 20, from the slowest rank's first call]
+    -w, --warmup N       untimed iterations per size [default: as many as fit in 0.05 s,
+                         1 to 5]
     --backend NAME       backend to measure; repeat or comma-separate for several
                          (one table each) [default: every default backend of the mode]
+    --algo NAME          algorithm of the backend to measure (e.g. symm: oneshot, twoshot,
+                         lamport; ipc: oneshot-pull, twoshot-pull, oneshot-push,
+                         twoshot-push); repeat or comma-separate for several, one table
+                         each; `all` for every one [default: the backend's own choice;
+                         all with --tune]
     --list-backends      print the backends of this build and exit
-    --algo NAME          algorithm the backend should use (ipc: oneshot-pull,
-                         twoshot-pull, oneshot-push, twoshot-push) [default: its choice]
     --ranks N            in-process ranks when not under a launcher [default: 4]
     --bootstrap MODE     threads, env or mpi [default: detected: env or mpi under
                          mpirun/torchrun, else threads]
@@ -53,6 +60,8 @@ OPTIONS:
     --json FILE          write the results as JSON: {\"results\": [...]}
     --csv FILE           write the results as CSV
     --plot FILE.svg      plot latency and bus bandwidth against size (SVG)
+    --tune FILE          write the times as a comm-select tuning table (JSON), which
+                         SelectComm (backend `auto`) reads from COMM_TUNING
     -h, --help           print this help
 
 Columns: time is the median over iterations of each rank's time, then the maximum over
@@ -77,8 +86,8 @@ pub struct Args {
     pub backends: Vec<String>,
     /// Print the registry and exit.
     pub list_backends: bool,
-    /// Algorithm asked of the backend.
-    pub algo: Option<String>,
+    /// Algorithms to measure; `None` means the backend's own choice (all with `--tune`).
+    pub algorithms: Option<Algorithms>,
     /// In-process ranks; `None` means the default (4).
     pub ranks: Option<usize>,
     /// How ranks meet; `None` means detected.
@@ -95,13 +104,15 @@ pub struct Args {
     pub csv: Option<PathBuf>,
     /// SVG plot file.
     pub plot: Option<PathBuf>,
+    /// Tuning-table file.
+    pub tune: Option<PathBuf>,
 }
 
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Parsed {
     /// Run a sweep.
-    Run(Args),
+    Run(Box<Args>),
     /// Print [`USAGE`] and exit successfully.
     Help,
 }
@@ -146,8 +157,8 @@ where
         iters: None,
         warmup: None,
         backends: Vec::new(),
+        algorithms: None,
         list_backends: false,
-        algo: None,
         ranks: None,
         bootstrap: None,
         in_place: false,
@@ -156,6 +167,7 @@ where
         json: None,
         csv: None,
         plot: None,
+        tune: None,
     };
     while let Some(arg) = parser.next()? {
         match arg {
@@ -195,8 +207,11 @@ where
                     }
                 }
             }
+            Long("algo") => {
+                let v = string(&mut parser, "--algo")?;
+                out.algorithms = Some(add_algorithms(out.algorithms.take(), &v)?);
+            }
             Long("list-backends") => out.list_backends = true,
-            Long("algo") => out.algo = Some(string(&mut parser, "--algo")?),
             Long("ranks") => out.ranks = Some(count(&mut parser, "--ranks", 1)?),
             Long("bootstrap") => {
                 out.bootstrap = Some(
@@ -218,11 +233,30 @@ where
             Long("json") => out.json = Some(parser.value()?.into()),
             Long("csv") => out.csv = Some(parser.value()?.into()),
             Long("plot") => out.plot = Some(parser.value()?.into()),
+            Long("tune") => out.tune = Some(parser.value()?.into()),
             _ => return Err(arg.unexpected().into()),
         }
     }
     out.sizes = resolve_sizes(sizes.as_deref(), min, max, factor)?;
-    Ok(Parsed::Run(out))
+    Ok(Parsed::Run(Box::new(out)))
+}
+
+/// Adds the comma list `v` to the algorithms asked for so far; `all` wins over names.
+fn add_algorithms(sofar: Option<Algorithms>, v: &str) -> Result<Algorithms, ArgError> {
+    let mut names = match sofar {
+        Some(Algorithms::All) => return Ok(Algorithms::All),
+        Some(Algorithms::Named(names)) => names,
+        Some(Algorithms::Default) | None => Vec::new(),
+    };
+    for name in v.split(',').map(str::trim) {
+        match name {
+            "" => return err(format!("--algo: empty name in `{v}`")),
+            "all" => return Ok(Algorithms::All),
+            name if !names.iter().any(|n| n == name) => names.push(name.to_string()),
+            _ => {}
+        }
+    }
+    Ok(Algorithms::Named(names))
 }
 
 fn string(parser: &mut lexopt::Parser, flag: &str) -> Result<String, ArgError> {
@@ -274,11 +308,21 @@ pub fn parse_bytes(text: &str) -> Result<u64, ArgError> {
     Ok(bytes)
 }
 
-/// Parses a size spec: `MIN:MAX` (with `factor`, default 2) or a comma list.
+/// Parses a size spec: `MIN:MAX` (with `factor`, default 2), `MIN:MAX:FACTOR`, or a
+/// comma list.
 pub fn parse_sizes(spec: &str, factor: Option<f64>) -> Result<Vec<u64>, ArgError> {
     let spec = spec.trim();
-    if let Some((lo, hi)) = spec.split_once(':') {
-        return geometric(parse_bytes(lo)?, parse_bytes(hi)?, factor.unwrap_or(2.0));
+    let parts: Vec<&str> = spec.split(':').collect();
+    match parts[..] {
+        [lo, hi] => return geometric(parse_bytes(lo)?, parse_bytes(hi)?, factor.unwrap_or(2.0)),
+        [lo, hi, f] => {
+            if factor.is_some() {
+                return err(format!("`{spec}` has a factor already; drop --factor"));
+            }
+            return geometric(parse_bytes(lo)?, parse_bytes(hi)?, parse_factor(f)?);
+        }
+        [_] => {}
+        _ => return err(format!("`{spec}` is not MIN:MAX, MIN:MAX:FACTOR or a list")),
     }
     if factor.is_some() {
         return err("--factor applies to a MIN:MAX range, not to a list of sizes");
@@ -342,7 +386,7 @@ mod tests {
 
     fn run(args: &[&str]) -> Result<Args, ArgError> {
         match parse(args.iter().copied())? {
-            Parsed::Run(a) => Ok(a),
+            Parsed::Run(a) => Ok(*a),
             Parsed::Help => panic!("unexpected help"),
         }
     }
@@ -359,6 +403,10 @@ mod tests {
         );
         assert_eq!(parse_sizes("1M,4K,4K", None).unwrap(), vec![4096, 1 << 20]);
         assert_eq!(parse_sizes("1:3", Some(1.1)).unwrap(), vec![1, 2, 3]);
+        assert_eq!(
+            parse_sizes("1K:64K:8", None).unwrap(),
+            vec![1024, 8192, 65536]
+        );
         let default = parse_sizes(DEFAULT_SIZES, None).unwrap();
         assert_eq!((default[0], *default.last().unwrap()), (8, 64 << 20));
     }
@@ -372,7 +420,9 @@ mod tests {
             "0",
             "-8",
             "64M:8",
-            "1:1G:2",
+            "1:1G:x",
+            "1:2:3:4",
+            "1:8:1",
             "99999999999999G",
             "4,,8",
         ] {
@@ -380,6 +430,7 @@ mod tests {
         }
         assert!(parse_sizes("1:1G", Some(1.0000001)).is_err());
         assert!(parse_sizes("1,2", Some(2.0)).is_err());
+        assert!(parse_sizes("1:8:2", Some(2.0)).is_err());
     }
 
     #[test]
@@ -407,6 +458,12 @@ mod tests {
             "/tmp/a.json",
             "--bootstrap",
             "threads",
+            "--algo",
+            "oneshot,twoshot",
+            "--algo",
+            "oneshot",
+            "--tune",
+            "/tmp/t.json",
         ])
         .unwrap();
         assert_eq!(a.sizes, vec![1024, 2048, 4096]);
@@ -417,6 +474,14 @@ mod tests {
         assert_eq!(a.bootstrap, Some(Mode::Threads));
         assert!(a.check && a.in_place);
         assert_eq!(a.json, Some(PathBuf::from("/tmp/a.json")));
+        assert_eq!(a.tune, Some(PathBuf::from("/tmp/t.json")));
+        assert_eq!(
+            a.algorithms,
+            Some(Algorithms::Named(vec!["oneshot".into(), "twoshot".into()]))
+        );
+        let a = run(&["--algo", "oneshot", "--algo", "all"]).unwrap();
+        assert_eq!(a.algorithms, Some(Algorithms::All));
+        assert_eq!(run(&[]).unwrap().algorithms, None);
         let a = run(&["-b", "1K", "-e", "8K", "-f", "8"]).unwrap();
         assert_eq!(a.sizes, vec![1024, 8192]);
         assert_eq!(parse(["--help"]).unwrap(), Parsed::Help);
@@ -436,6 +501,8 @@ mod tests {
             &["--sizes", "8:1K", "-b", "8"],
             &["--factor", "1"],
             &["--backend", "local,,x"],
+            &["--algo", ","],
+            &["--tune"],
             &["stray"],
         ] {
             assert!(run(bad).is_err(), "{bad:?} should be rejected");

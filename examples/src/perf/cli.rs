@@ -10,12 +10,21 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::args::{self, Args, Parsed, USAGE};
 use super::data::{checkable, mix64};
-use super::plot;
 use super::progress::Progress;
 use super::report::{self, Row, TableHeader};
-use super::sweep::{Event, SweepConfig, run_in_process, run_rank};
+use super::sweep::{Algorithms, Event, SweepConfig, run_in_process, run_rank};
+use super::{plot, tune};
 use crate::backends::{self, Backend};
-use crate::launch::{Mode, process_context};
+use crate::launch::{Mode, launcher_rank, process_context};
+
+/// `println!` that ignores a closed stdout (`allreduce-perf | head`): the sweep goes on
+/// and still writes the files asked for, instead of panicking on a rank's thread.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
 
 /// In-process ranks when `--ranks` is not given.
 pub const DEFAULT_RANKS: usize = 4;
@@ -33,7 +42,7 @@ pub enum CliError {
 pub fn main() -> ExitCode {
     let args = match args::parse(std::env::args_os().skip(1)) {
         Ok(Parsed::Help) => {
-            print!("{USAGE}");
+            out!("{}", USAGE.trim_end());
             return ExitCode::SUCCESS;
         }
         Ok(Parsed::Run(args)) => args,
@@ -51,7 +60,10 @@ pub fn main() -> ExitCode {
 }
 
 fn usage_error(msg: &str) -> ExitCode {
-    eprintln!("allreduce-perf: {msg}\n(see allreduce-perf --help)");
+    // Under a launcher every rank finds the same fault: one message is enough.
+    if launcher_rank() == 0 {
+        eprintln!("allreduce-perf: {msg}\n(see allreduce-perf --help)");
+    }
     ExitCode::from(2)
 }
 
@@ -61,7 +73,7 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
     if args.list_backends {
         for b in backends::all() {
             let modes: Vec<&str> = b.modes.iter().map(|m| m.name()).collect();
-            println!("{:<12} {} [{}]", b.name, b.about, modes.join(", "));
+            out!("{:<12} {} [{}]", b.name, b.about, modes.join(", "));
         }
         return Ok(true);
     }
@@ -115,7 +127,12 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
         check: args.check,
         in_place: args.in_place,
         seed,
-        algorithm: args.algo.clone(),
+        // Tuning is about choosing among algorithms too: measure them all unless told.
+        algorithms: match (&args.algorithms, &args.tune) {
+            (Some(algorithms), _) => algorithms.clone(),
+            (None, Some(_)) => Algorithms::All,
+            (None, None) => Algorithms::Default,
+        },
     };
     let progress = Progress::stderr();
     let observe = |event: Event<'_>| {
@@ -123,42 +140,51 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
             return;
         }
         match event {
+            Event::Begin { backend, algorithm } => {
+                out!("#");
+                out!(
+                    "{}",
+                    report::header(&TableHeader {
+                        backend,
+                        algorithm,
+                        bootstrap: mode.name(),
+                        ranks,
+                        dtype: args.dtype.name(),
+                        op: args.op.name(),
+                        in_place: args.in_place,
+                        check: args.check,
+                    })
+                );
+            }
+            Event::End(rows) => {
+                progress.clear();
+                out!("{}", report::footer(rows));
+            }
             Event::Starting {
                 backend,
                 index,
                 total,
                 bytes,
             } => progress.starting(backend, index, total, bytes),
+            Event::Note { backend, message } => {
+                progress.clear();
+                eprintln!("allreduce-perf: {backend}: {message}");
+            }
             Event::Finished(row) => {
                 progress.clear();
-                println!("{}", report::format_row(row));
+                out!("{}", report::format_row(row));
             }
         }
     };
     if root {
-        println!("# comm allreduce-perf {}", env!("CARGO_PKG_VERSION"));
+        out!("# comm allreduce-perf {}", env!("CARGO_PKG_VERSION"));
         if args.check {
-            println!("# seed: {seed} (--seed {seed} reproduces the checked data)");
+            out!("# seed: {seed} (--seed {seed} reproduces the checked data)");
         }
     }
     let mut rows: Vec<Row> = Vec::new();
     let mut ok = true;
     for backend in &selected {
-        if root {
-            println!("#");
-            println!(
-                "{}",
-                report::header(&TableHeader {
-                    backend: backend.name,
-                    bootstrap: mode.name(),
-                    ranks,
-                    dtype: args.dtype.name(),
-                    op: args.op.name(),
-                    in_place: args.in_place,
-                    check: args.check,
-                })
-            );
-        }
         let create = &backend.create;
         let result = match &process {
             None => run_in_process(backend.name, create, ranks, &cfg, &observe),
@@ -167,9 +193,6 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
         progress.clear();
         match result {
             Ok(got) => {
-                if root {
-                    println!("{}", report::footer(&got));
-                }
                 ok &= !got.iter().any(Row::failed);
                 rows.extend(got);
             }
@@ -236,6 +259,22 @@ fn write_outputs(args: &Args, rows: &[Row]) -> bool {
     }
     if let Some(path) = &args.plot {
         report("plot", path, plot::write_svg(path, rows));
+    }
+    if let Some(path) = &args.tune {
+        let command: Vec<String> = std::env::args().skip(1).collect();
+        let note = format!(
+            "allreduce-perf {} ({} s after the Unix epoch)",
+            command.join(" "),
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        );
+        let table = tune::tuning_table(rows, &note);
+        report(
+            "tuning table",
+            path,
+            table.save(path).map_err(std::io::Error::other),
+        );
     }
     ok
 }

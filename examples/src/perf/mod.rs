@@ -6,7 +6,8 @@
 //! ranks), algorithm and bus bandwidth, and with `--check` the number of wrong elements.
 //! The pieces: [`args`] (flags), [`sweep`] (what each rank does), [`data`] (inputs and
 //! the reference check), [`report`] (table, JSON, CSV), [`plot`] (SVG), [`progress`]
-//! (stderr), and [`cli`], which ties them together for the binary.
+//! (stderr), [`tune`] (a comm-select tuning table), and [`cli`], which ties them
+//! together for the binary.
 
 pub mod args;
 pub mod cli;
@@ -15,6 +16,7 @@ pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod sweep;
+pub mod tune;
 
 pub use report::Row;
-pub use sweep::{SweepConfig, run_in_process, run_rank};
+pub use sweep::{Algorithms, SweepConfig, run_in_process, run_rank};

@@ -1,6 +1,7 @@
 //! The SVG plot: latency and bus bandwidth against message size, one line per backend.
 //!
-//! Two panels side by side, both with logarithmic axes, drawn with `plotters`' SVG
+//! Two panels side by side, both with logarithmic axes, one line per backend (and
+//! algorithm), drawn with `plotters`' SVG
 //! backend (no fonts loaded: the SVG names a font family and the viewer renders it).
 //! Points that a log axis cannot show (zero bandwidth, as with one rank) are left out.
 
@@ -18,13 +19,14 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> std::io::Result<()> {
     draw(path, rows).map_err(|e| std::io::Error::other(format!("plot: {e}")))
 }
 
-/// The rows of each backend, in the order backends first appear.
-fn by_backend(rows: &[Row]) -> Vec<(&str, Vec<&Row>)> {
-    let mut groups: Vec<(&str, Vec<&Row>)> = Vec::new();
+/// The rows of each backend (and algorithm), in the order they first appear.
+fn by_backend(rows: &[Row]) -> Vec<(String, Vec<&Row>)> {
+    let mut groups: Vec<(String, Vec<&Row>)> = Vec::new();
     for row in rows {
-        match groups.iter_mut().find(|(name, _)| *name == row.backend) {
+        let label = row.label();
+        match groups.iter_mut().find(|(name, _)| *name == label) {
             Some((_, group)) => group.push(row),
-            None => groups.push((&row.backend, vec![row])),
+            None => groups.push((label, vec![row])),
         }
     }
     groups
@@ -61,7 +63,7 @@ fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
                     .map(|r| (r.bytes as f64, value(r)))
                     .filter(|&(_, y)| y > 0.0 && y.is_finite())
                     .collect();
-                (name.to_string(), points)
+                (name.clone(), points)
             })
             .collect()
     };

@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 pub struct Row {
     /// Backend name.
     pub backend: String,
+    /// The backend's algorithm, when one was asked for (`None`: its own choice).
+    pub algorithm: Option<String>,
     /// How the ranks met (`threads`, `env`, `mpi`).
     pub bootstrap: String,
     /// Number of ranks.
@@ -41,6 +43,14 @@ pub struct Row {
 }
 
 impl Row {
+    /// `backend` or `backend:algorithm`.
+    pub fn label(&self) -> String {
+        match &self.algorithm {
+            Some(a) => format!("{}:{a}", self.backend),
+            None => self.backend.clone(),
+        }
+    }
+
     /// True when the row was checked and found wrong (elements, or ranks disagreeing).
     pub fn failed(&self) -> bool {
         self.wrong.is_some_and(|w| w > 0) || self.identical == Some(false)
@@ -72,6 +82,8 @@ pub fn busbw(algbw: f64, ranks: usize) -> f64 {
 pub struct TableHeader<'a> {
     /// Backend name.
     pub backend: &'a str,
+    /// Algorithm, when one was set.
+    pub algorithm: Option<&'a str>,
     /// How the ranks met.
     pub bootstrap: &'a str,
     /// Number of ranks.
@@ -95,10 +107,14 @@ pub fn header(h: &TableHeader<'_>) -> String {
     };
     let check = if h.check { "on" } else { "off" };
     let mut s = String::new();
+    let backend = match h.algorithm {
+        Some(a) => format!("{} (algorithm {a})", h.backend),
+        None => h.backend.to_string(),
+    };
     let _ = writeln!(
         s,
-        "# backend: {}  ranks: {} ({})  dtype: {}  op: {}  {place}  check: {check}",
-        h.backend, h.ranks, h.bootstrap, h.dtype, h.op
+        "# backend: {backend}  ranks: {} ({})  dtype: {}  op: {}  {place}  check: {check}",
+        h.ranks, h.bootstrap, h.dtype, h.op
     );
     let _ = writeln!(
         s,
@@ -183,7 +199,7 @@ pub fn write_json(path: &Path, rows: &[Row]) -> io::Result<()> {
 }
 
 /// The CSV header line.
-pub const CSV_HEADER: &str = "backend,bootstrap,ranks,dtype,op,in_place,bytes,count,iters,time_us,algbw,busbw,wrong,identical";
+pub const CSV_HEADER: &str = "backend,algorithm,bootstrap,ranks,dtype,op,in_place,bytes,count,iters,time_us,algbw,busbw,wrong,identical";
 
 /// Writes `rows` as CSV (empty fields where a value is absent).
 pub fn write_csv(path: &Path, rows: &[Row]) -> io::Result<()> {
@@ -193,8 +209,9 @@ pub fn write_csv(path: &Path, rows: &[Row]) -> io::Result<()> {
     for r in rows {
         writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{:.3},{:.4},{:.4},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{:.3},{:.4},{:.4},{},{}",
             csv_field(&r.backend),
+            csv_field(r.algorithm.as_deref().unwrap_or_default()),
             csv_field(&r.bootstrap),
             r.ranks,
             r.dtype,

@@ -25,14 +25,17 @@ use super::report::{Row, algbw, busbw};
 use crate::backends::RankContext;
 use crate::launch::run_threads;
 
-/// Timed iterations per size when the user gives none, for small sizes.
+/// Most timed iterations per size when the user gives no count (fast calls get this).
 pub const DEFAULT_ITERS: usize = 20;
-/// Warm-up iterations per size when the user gives none, for small sizes.
+/// Most warm-up iterations per size when the user gives no count.
 pub const DEFAULT_WARMUP: usize = 5;
-/// Without `--iters`, sizes above this many bytes get proportionally fewer iterations, so
-/// that a default sweep up to 64 MiB takes seconds, not minutes, on a small host.
-const AUTO_ITERS_BYTES: u64 = 1 << 30;
-/// The fewest timed iterations the automatic scaling gives.
+/// Without `--iters`, a size gets as many timed calls as fit in this many seconds,
+/// between [`MIN_AUTO_ITERS`] and [`DEFAULT_ITERS`]: a default sweep to 64 MiB then
+/// takes seconds on a fast backend and well under a minute on a slow one.
+const ITERS_BUDGET_S: f64 = 0.25;
+/// Likewise for warm-up calls, between 1 and [`DEFAULT_WARMUP`].
+const WARMUP_BUDGET_S: f64 = 0.05;
+/// The fewest timed iterations the automatic count gives.
 const MIN_AUTO_ITERS: usize = 3;
 
 /// What to sweep.
@@ -44,9 +47,9 @@ pub struct SweepConfig {
     pub dtype: DType,
     /// Reduction operator.
     pub op: ReduceOp,
-    /// Timed iterations per size; `None` scales with size.
+    /// Timed iterations per size; `None` fits them to a time budget (see [`iterations`]).
     pub iters: Option<usize>,
-    /// Warm-up iterations per size; `None` scales with size.
+    /// Warm-up iterations per size; `None` fits them to a time budget.
     pub warmup: Option<usize>,
     /// Check results.
     pub check: bool,
@@ -54,8 +57,23 @@ pub struct SweepConfig {
     pub in_place: bool,
     /// Seed of the input data; every rank must use the same.
     pub seed: u64,
-    /// Algorithm to ask the backend for (`--algo`); `None` leaves the choice to it.
-    pub algorithm: Option<String>,
+    /// Which of a backend's named algorithms to measure, one table each.
+    pub algorithms: Algorithms,
+}
+
+/// Which of a backend's named algorithms ([`Capabilities::algorithms`]) to measure.
+///
+/// [`Capabilities::algorithms`]: comm_core::Capabilities::algorithms
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Algorithms {
+    /// The backend's own choice only.
+    #[default]
+    Default,
+    /// Every named algorithm (the backend's own choice for backends without any).
+    All,
+    /// These, where the backend has them; backends without named algorithms run their
+    /// own choice.
+    Named(Vec<String>),
 }
 
 /// One size of the sweep, as run.
@@ -65,10 +83,6 @@ pub struct Point {
     pub bytes: u64,
     /// Elements per rank.
     pub count: usize,
-    /// Timed iterations.
-    pub iters: usize,
-    /// Warm-up iterations.
-    pub warmup: usize,
 }
 
 /// The sizes as element counts: sizes are rounded down to whole elements, and those that
@@ -81,27 +95,38 @@ pub fn plan(cfg: &SweepConfig) -> Vec<Point> {
         if count == 0 || points.last().is_some_and(|p| p.count as u64 >= count) {
             continue;
         }
-        let bytes = count * elem;
-        let auto = (AUTO_ITERS_BYTES / bytes) as usize;
-        let iters = cfg
-            .iters
-            .unwrap_or_else(|| auto.clamp(MIN_AUTO_ITERS, DEFAULT_ITERS));
-        let warmup = cfg
-            .warmup
-            .unwrap_or_else(|| (iters / 4).clamp(1, DEFAULT_WARMUP));
         points.push(Point {
-            bytes,
+            bytes: count * elem,
             count: count as usize,
-            iters,
-            warmup,
         });
     }
     points
 }
 
+/// (warm-up, timed) iteration counts for a call that takes `call_s` seconds on the
+/// slowest rank: the user's counts where given, else as many as fit the time budgets.
+/// The warm-up count includes the call that measured `call_s`, so it is at least 1.
+pub fn iterations(call_s: f64, warmup: Option<usize>, iters: Option<usize>) -> (usize, usize) {
+    let fit = |budget: f64, least: usize, most: usize| {
+        ((budget / call_s.max(1e-9)).round() as usize).clamp(least, most)
+    };
+    let iters = iters.unwrap_or_else(|| fit(ITERS_BUDGET_S, MIN_AUTO_ITERS, DEFAULT_ITERS));
+    let warmup = warmup
+        .unwrap_or_else(|| fit(WARMUP_BUDGET_S, 1, DEFAULT_WARMUP))
+        .max(1);
+    (warmup, iters)
+}
+
 /// What rank 0 reports while it sweeps.
 #[derive(Debug)]
 pub enum Event<'a> {
+    /// A table (one backend, one algorithm) begins.
+    Begin {
+        /// Backend name.
+        backend: &'a str,
+        /// Algorithm, when one was set.
+        algorithm: Option<&'a str>,
+    },
     /// Size `index` of `total` (counted from 0) is starting.
     Starting {
         /// Backend name.
@@ -115,6 +140,15 @@ pub enum Event<'a> {
     },
     /// A size is done.
     Finished(&'a Row),
+    /// A table is done; these are its rows.
+    End(&'a [Row]),
+    /// Something the user should know (sizes the backend cannot take, ...).
+    Note {
+        /// Backend name.
+        backend: &'a str,
+        /// What happened.
+        message: String,
+    },
 }
 
 /// Builds one rank's communicator (a registry constructor, or a test's).
@@ -144,7 +178,8 @@ pub fn run_in_process(
 }
 
 /// Runs the sweep of `backend` as the rank of `ctx`: builds its communicator with
-/// `create`, then measures every size. Collective: every rank must call it.
+/// `create`, then measures every size, once per algorithm asked for. Collective: every
+/// rank must call it.
 pub fn run_rank(
     ctx: &RankContext,
     backend: &str,
@@ -152,7 +187,6 @@ pub fn run_rank(
     cfg: &SweepConfig,
     observe: &(dyn Fn(Event<'_>) + Sync),
 ) -> Result<Vec<Row>> {
-    let ctx = &ctx.clone().with_algorithm(cfg.algorithm.clone());
     let comm = create(ctx)?;
     if comm.world_size() != ctx.world_size() || comm.rank() != ctx.rank() {
         return Err(Error::Mismatch(format!(
@@ -163,36 +197,102 @@ pub fn run_rank(
             ctx.world_size()
         )));
     }
-    let run = Run {
-        comm: &*comm,
-        ctl: &**ctx.bootstrap(),
-        backend,
-        bootstrap: ctx.mode().name(),
-        cfg,
-        observe,
-    };
-    match cfg.dtype {
-        DType::F32 => run.sweep::<f32>(),
-        DType::F64 => run.sweep::<f64>(),
-        DType::F16 => run.sweep::<f16>(),
-        DType::BF16 => run.sweep::<bf16>(),
-        DType::I32 => run.sweep::<i32>(),
-        DType::I64 => run.sweep::<i64>(),
-        DType::U8 => run.sweep::<u8>(),
-        other => Err(Error::Unsupported(format!(
-            "allreduce-perf does not know dtype {other} yet"
-        ))),
+    let mut rows = Vec::new();
+    for algorithm in algorithms(&*comm, backend, &cfg.algorithms, observe)? {
+        comm.set_algorithm(algorithm.as_deref())?;
+        let run = Run {
+            comm: &*comm,
+            ctl: &**ctx.bootstrap(),
+            backend,
+            algorithm: algorithm.as_deref(),
+            bootstrap: ctx.mode().name(),
+            cfg,
+            observe,
+        };
+        observe(Event::Begin {
+            backend,
+            algorithm: run.algorithm,
+        });
+        let table = run.sweep_dtype()?;
+        observe(Event::End(&table));
+        rows.extend(table);
+    }
+    Ok(rows)
+}
+
+/// The algorithms to measure on `comm`, `None` standing for the backend's own choice.
+fn algorithms(
+    comm: &dyn Communicator,
+    backend: &str,
+    wanted: &Algorithms,
+    observe: &(dyn Fn(Event<'_>) + Sync),
+) -> Result<Vec<Option<String>>> {
+    let has = comm.capabilities().algorithms;
+    match wanted {
+        Algorithms::Default => Ok(vec![None]),
+        _ if has.is_empty() => {
+            if matches!(wanted, Algorithms::Named(_)) {
+                observe(Event::Note {
+                    backend,
+                    message: "has no named algorithms: measuring its own choice".into(),
+                });
+            }
+            Ok(vec![None])
+        }
+        Algorithms::All => Ok(has.into_iter().map(Some).collect()),
+        Algorithms::Named(names) => {
+            let (known, unknown): (Vec<&String>, Vec<&String>) =
+                names.iter().partition(|n| has.contains(n));
+            if known.is_empty() {
+                return Err(Error::Unsupported(format!(
+                    "{backend} has none of the algorithms {} (it has: {})",
+                    names.join(", "),
+                    has.join(", ")
+                )));
+            }
+            if !unknown.is_empty() {
+                let unknown: Vec<&str> = unknown.iter().map(|s| s.as_str()).collect();
+                observe(Event::Note {
+                    backend,
+                    message: format!(
+                        "has no algorithm {} (it has: {})",
+                        unknown.join(", "),
+                        has.join(", ")
+                    ),
+                });
+            }
+            Ok(known.into_iter().map(|n| Some(n.clone())).collect())
+        }
     }
 }
 
-/// One rank's sweep of one backend.
+/// One rank's sweep of one backend with one algorithm.
 struct Run<'a> {
     comm: &'a dyn Communicator,
     ctl: &'a dyn Bootstrap,
     backend: &'a str,
+    algorithm: Option<&'a str>,
     bootstrap: &'a str,
     cfg: &'a SweepConfig,
     observe: &'a (dyn Fn(Event<'_>) + Sync),
+}
+
+impl Run<'_> {
+    fn sweep_dtype(&self) -> Result<Vec<Row>> {
+        let run = self;
+        match self.cfg.dtype {
+            DType::F32 => run.sweep::<f32>(),
+            DType::F64 => run.sweep::<f64>(),
+            DType::F16 => run.sweep::<f16>(),
+            DType::BF16 => run.sweep::<bf16>(),
+            DType::I32 => run.sweep::<i32>(),
+            DType::I64 => run.sweep::<i64>(),
+            DType::U8 => run.sweep::<u8>(),
+            other => Err(Error::Unsupported(format!(
+                "allreduce-perf does not know dtype {other} yet"
+            ))),
+        }
+    }
 }
 
 /// What each rank contributes to a row.
@@ -236,7 +336,17 @@ impl Run<'_> {
         let caps = self.comm.capabilities();
         let mut points = plan(cfg);
         if let Some(max) = caps.max_bytes {
+            let before = points.len();
             points.retain(|p| p.bytes as usize <= max);
+            if points.len() < before {
+                (self.observe)(Event::Note {
+                    backend: self.backend,
+                    message: format!(
+                        "skipping {} size(s) above its maximum of {max} bytes",
+                        before - points.len()
+                    ),
+                });
+            }
         }
         if caps.device_memory && !caps.host_memory {
             return self.sweep_device(points);
@@ -254,6 +364,9 @@ impl Run<'_> {
         let largest = points.iter().map(|p| p.count).max().unwrap_or(0);
         let mut send = vec![T::poison(); largest];
         let mut recv = vec![T::poison(); if cfg.in_place { 0 } else { largest }];
+        // Threads that are still starting would make the first size's first call look
+        // slow, and the iteration count fitted to it too small.
+        self.sync(use_comm_barrier)?;
         let mut rows = Vec::with_capacity(points.len());
         for (index, point) in points.iter().enumerate() {
             (self.observe)(Event::Starting {
@@ -264,58 +377,81 @@ impl Run<'_> {
             });
             let send = &mut send[..point.count];
             let recv = &mut recv[..if cfg.in_place { 0 } else { point.count }];
-            let mine = self.measure(point, index, send, recv, use_comm_barrier)?;
-            let row = self.gather(point, mine)?;
+            let (iters, mine) = self.measure(index, send, recv, use_comm_barrier)?;
+            let row = self.gather(point, iters, mine)?;
             (self.observe)(Event::Finished(&row));
             rows.push(row);
         }
         Ok(rows)
     }
 
-    /// Times one size, then checks it if asked.
+    /// Times one size, then checks it if asked; returns the timed iteration count too.
     fn measure<T: Value>(
         &self,
-        point: &Point,
         index: usize,
         send: &mut [T],
         recv: &mut [T],
         use_comm_barrier: bool,
-    ) -> Result<Measured> {
+    ) -> Result<(usize, Measured)> {
         let (cfg, rank, ranks) = (self.cfg, self.comm.rank(), self.comm.world_size());
         let seed = |purpose: u64| mix64(cfg.seed ^ mix64((index as u64) << 8 | purpose));
         Inputs::new::<T>(seed(1), cfg.op, ranks).fill(rank, send);
-        for _ in 0..point.warmup {
+        let (warmup, iters) = match (cfg.warmup, cfg.iters) {
+            (Some(warmup), Some(iters)) => (warmup, iters),
+            // Counts that fit a time budget: the first warm-up call measures, and the
+            // ranks agree on the slowest one's time, so that all make the same calls.
+            (warmup, iters) => {
+                let start = Instant::now();
+                self.call(send, recv)?;
+                let slowest = self.slowest(start.elapsed().as_secs_f64())?;
+                let (warmup, iters) = iterations(slowest, warmup, iters);
+                (warmup - 1, iters)
+            }
+        };
+        for _ in 0..warmup {
             self.call(send, recv)?;
         }
-        if use_comm_barrier {
-            self.comm.barrier()?;
-        } else {
-            self.ctl.barrier()?;
-        }
-        let mut times = Vec::with_capacity(point.iters);
-        for _ in 0..point.iters {
+        self.sync(use_comm_barrier)?;
+        let mut times = Vec::with_capacity(iters);
+        for _ in 0..iters {
             let start = Instant::now();
             self.call(send, recv)?;
             times.push(start.elapsed());
         }
-        let median_us = median(&mut times).as_secs_f64() * 1e6;
+        // Nanoseconds are the clock's resolution; more digits would be noise in the JSON.
+        let median_us = (median(&mut times).as_secs_f64() * 1e9).round() / 1e3;
         if !cfg.check {
-            return Ok(Measured {
-                median_us,
-                wrong: 0,
-                fingerprint: 0,
-            });
+            return Ok((
+                iters,
+                Measured {
+                    median_us,
+                    wrong: 0,
+                    fingerprint: 0,
+                },
+            ));
         }
         let inputs = Inputs::new::<T>(seed(2), cfg.op, ranks);
         inputs.fill(rank, send);
         poison(recv);
         self.call(send, recv)?;
         let out: &[T] = if cfg.in_place { send } else { recv };
-        Ok(Measured {
-            median_us,
-            wrong: inputs.count_wrong(out),
-            fingerprint: fingerprint(BufferRef::host(out).host_bytes().unwrap_or_default()),
-        })
+        Ok((
+            iters,
+            Measured {
+                median_us,
+                wrong: inputs.count_wrong(out),
+                fingerprint: fingerprint(BufferRef::host(out).host_bytes().unwrap_or_default()),
+            },
+        ))
+    }
+
+    /// Waits for every rank: on the communicator under test when it has a barrier.
+    fn sync(&self, use_comm_barrier: bool) -> Result<()> {
+        if use_comm_barrier {
+            self.comm.barrier()
+        } else {
+            self.ctl.barrier()
+        }
     }
 
     fn call<T: Value>(&self, send: &mut [T], recv: &mut [T]) -> Result<()> {
@@ -328,8 +464,21 @@ impl Run<'_> {
         }
     }
 
+    /// The largest of every rank's `seconds`.
+    fn slowest(&self, seconds: f64) -> Result<f64> {
+        let all = self.ctl.all_gather_bytes(&seconds.to_le_bytes())?;
+        all.iter()
+            .map(|b| {
+                b.as_slice()
+                    .try_into()
+                    .map(f64::from_le_bytes)
+                    .map_err(|_| Error::Bootstrap(format!("bad time record of {} bytes", b.len())))
+            })
+            .try_fold(0.0, |max, t| t.map(|t| f64::max(max, t)))
+    }
+
     /// Exchanges every rank's measurement and builds the row (the same on every rank).
-    fn gather(&self, point: &Point, mine: Measured) -> Result<Row> {
+    fn gather(&self, point: &Point, iters: usize, mine: Measured) -> Result<Row> {
         let all = self
             .ctl
             .all_gather_bytes(&mine.encode())?
@@ -342,6 +491,7 @@ impl Run<'_> {
         let checked = self.cfg.check;
         Ok(Row {
             backend: self.backend.to_string(),
+            algorithm: self.algorithm.map(str::to_string),
             bootstrap: self.bootstrap.to_string(),
             ranks,
             dtype: self.cfg.dtype.name().to_string(),
@@ -349,7 +499,7 @@ impl Run<'_> {
             in_place: self.cfg.in_place,
             bytes: point.bytes,
             count: point.count as u64,
-            iters: point.iters,
+            iters,
             time_us,
             algbw: alg,
             busbw: busbw(alg, ranks),
@@ -387,22 +537,25 @@ mod tests {
             check: false,
             in_place: false,
             seed: 1,
-            algorithm: None,
+            algorithms: Algorithms::Default,
         }
     }
 
     #[test]
-    fn plan_rounds_to_elements_and_scales_iterations() {
+    fn plan_rounds_to_elements_and_iterations_fit_the_budget() {
         let p = plan(&cfg(&[1, 4, 6, 8, 16, 64 << 20], DType::F64));
         let counts: Vec<usize> = p.iter().map(|p| p.count).collect();
         assert_eq!(counts, vec![1, 2, 8 << 20]);
         assert_eq!(p[0].bytes, 8);
-        assert_eq!((p[0].iters, p[0].warmup), (DEFAULT_ITERS, DEFAULT_WARMUP));
-        assert!(p[2].iters < DEFAULT_ITERS && p[2].iters >= MIN_AUTO_ITERS);
-        let mut fixed = cfg(&[64 << 20], DType::F32);
-        fixed.iters = Some(7);
-        fixed.warmup = Some(0);
-        assert_eq!((plan(&fixed)[0].iters, plan(&fixed)[0].warmup), (7, 0));
+        // Fast calls get the most iterations, slow ones the fewest; given counts stand.
+        assert_eq!(
+            iterations(1e-5, None, None),
+            (DEFAULT_WARMUP, DEFAULT_ITERS)
+        );
+        assert_eq!(iterations(2.0, None, None), (1, MIN_AUTO_ITERS));
+        assert_eq!(iterations(0.025, None, None), (2, 10));
+        assert_eq!(iterations(0.0, Some(0), Some(7)), (1, 7));
+        assert_eq!(iterations(5.0, Some(3), None), (3, MIN_AUTO_ITERS));
     }
 
     #[test]

@@ -9,14 +9,14 @@
 //! fingerprint of the result is taken from one copy to the host.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use comm_core::cuda::cudarc::driver::{CudaEvent, CudaStream, sys};
 use comm_core::cuda::stream::wait_stream;
 use comm_core::cuda::{DeviceMemory, DeviceOwned, PatternKernels, device_count, driver_error};
 use comm_core::{Collective, MemoryLocation, Result};
 
-use super::{Measured, Point, Row, Run, median};
+use super::{Measured, Point, Row, Run, iterations, median};
 use crate::perf::data::{fingerprint, mix64};
 
 impl Run<'_> {
@@ -49,9 +49,9 @@ impl Run<'_> {
                 total: points.len(),
                 bytes: point.bytes,
             });
-            let mine =
+            let (iters, mine) =
                 self.measure_device(point, index, &memory, &kernels, &mut send, &mut recv)?;
-            let row = self.gather(point, mine)?;
+            let row = self.gather(point, iters, mine)?;
             (self.observe)(super::Event::Finished(&row));
             rows.push(row);
         }
@@ -66,18 +66,32 @@ impl Run<'_> {
         kernels: &PatternKernels,
         send: &mut DeviceOwned,
         recv: &mut DeviceOwned,
-    ) -> Result<Measured> {
+    ) -> Result<(usize, Measured)> {
         let (cfg, rank, ranks) = (self.cfg, self.comm.rank(), self.comm.world_size());
         let seed = |purpose: u64| mix64(cfg.seed ^ mix64((index as u64) << 8 | purpose));
         let n = point.count;
         kernels.fill(send.view_mut(0, n)?, seed(1), rank as u32)?;
-        for _ in 0..point.warmup {
+        let (warmup, iters) = match (cfg.warmup, cfg.iters) {
+            (Some(warmup), Some(iters)) => (warmup, iters),
+            // As on the host: the first warm-up call, drained, sets the counts that fit
+            // the time budget, agreed on the slowest rank.
+            (warmup, iters) => {
+                self.drain(memory)?;
+                let start = Instant::now();
+                self.call_device(send, recv, n)?;
+                self.drain(memory)?;
+                let slowest = self.slowest(start.elapsed().as_secs_f64())?;
+                let (warmup, iters) = iterations(slowest, warmup, iters);
+                (warmup - 1, iters)
+            }
+        };
+        for _ in 0..warmup {
             self.call_device(send, recv, n)?;
         }
         self.drain(memory)?;
         self.comm.barrier()?;
         let stream = memory.stream();
-        let events = (0..=point.iters)
+        let events = (0..=iters)
             .map(|_| timing_event(stream))
             .collect::<Result<Vec<_>>>()?;
         events[0].record(stream).map_err(driver_error)?;
@@ -94,13 +108,16 @@ impl Run<'_> {
                     .map_err(driver_error)
             })
             .collect::<Result<Vec<_>>>()?;
-        let median_us = median(&mut times).as_secs_f64() * 1e6;
+        let median_us = (median(&mut times).as_secs_f64() * 1e9).round() / 1e3;
         if !cfg.check {
-            return Ok(Measured {
-                median_us,
-                wrong: 0,
-                fingerprint: 0,
-            });
+            return Ok((
+                iters,
+                Measured {
+                    median_us,
+                    wrong: 0,
+                    fingerprint: 0,
+                },
+            ));
         }
         kernels.fill(send.view_mut(0, n)?, seed(2), rank as u32)?;
         if !cfg.in_place {
@@ -111,11 +128,14 @@ impl Run<'_> {
         let out = if cfg.in_place { &*send } else { &*recv };
         let wrong = kernels.check_all_reduce(out.view(0, n)?, cfg.op, seed(2), ranks as u32)?;
         let bytes = out.read()?;
-        Ok(Measured {
-            median_us,
-            wrong,
-            fingerprint: fingerprint(&bytes[..n * cfg.dtype.size()]),
-        })
+        Ok((
+            iters,
+            Measured {
+                median_us,
+                wrong,
+                fingerprint: fingerprint(&bytes[..n * cfg.dtype.size()]),
+            },
+        ))
     }
 
     fn call_device(&self, send: &mut DeviceOwned, recv: &mut DeviceOwned, n: usize) -> Result<()> {

@@ -1,0 +1,79 @@
+//! `--tune`: the sweep's times as a `comm-select` tuning table.
+//!
+//! `SelectComm` (backend `auto`) routes each call to the fastest backend measured at the
+//! nearest size; this writes what it reads (`COMM_TUNING=FILE`), in `comm-select`'s own
+//! type so that the two cannot drift apart. Rows that failed the check are left out (a
+//! fast wrong answer must never win), and so is `auto` itself, whose time is whatever it
+//! picked.
+
+use comm_core::Collective;
+use comm_select::{Measurement, TuningTable};
+
+use super::report::Row;
+
+/// The tuning table of `rows` (one world size: the first row's), with `note` recording
+/// how it was measured.
+pub fn tuning_table(rows: &[Row], note: &str) -> TuningTable {
+    let world = rows.first().map_or(1, |r| r.ranks);
+    let mut table = TuningTable::new(world, "host", note);
+    table.measurements = rows
+        .iter()
+        .filter(|r| !r.failed() && r.backend != "auto" && r.ranks == world)
+        .map(|r| Measurement {
+            collective: Collective::AllReduce.name().to_string(),
+            dtype: r.dtype.clone(),
+            bytes: r.bytes as usize,
+            backend: r.backend.clone(),
+            algorithm: r.algorithm.clone(),
+            time_us: r.time_us,
+        })
+        .collect();
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use comm_core::DType;
+
+    fn row(backend: &str, algorithm: Option<&str>, bytes: u64, time_us: f64) -> Row {
+        Row {
+            backend: backend.into(),
+            algorithm: algorithm.map(String::from),
+            bootstrap: "threads".into(),
+            ranks: 4,
+            dtype: "bf16".into(),
+            op: "sum".into(),
+            in_place: false,
+            bytes,
+            count: bytes / 2,
+            iters: 20,
+            time_us,
+            algbw: 0.0,
+            busbw: 0.0,
+            wrong: None,
+            identical: None,
+        }
+    }
+
+    #[test]
+    fn selector_reads_what_tune_writes() {
+        let mut wrong = row("symm", Some("lamport"), 1024, 1.0);
+        wrong.wrong = Some(3);
+        let rows = vec![
+            row("local", None, 1024, 20.0),
+            row("symm", Some("oneshot"), 1024, 9.0),
+            wrong,
+            row("auto", None, 1024, 0.5),
+        ];
+        let table = tuning_table(&rows, "test");
+        assert_eq!(table.world_size, 4);
+        assert_eq!(table.measurements.len(), 2);
+        let parsed = TuningTable::from_json(&table.to_json()).unwrap();
+        let best = parsed
+            .best(Collective::AllReduce, DType::BF16, 1000, |_, _| true)
+            .unwrap();
+        assert_eq!(best.backend, "symm");
+        assert_eq!(best.algorithm.as_deref(), Some("oneshot"));
+    }
+}
