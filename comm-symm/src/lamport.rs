@@ -3,8 +3,10 @@
 //! Every rank owns two inboxes (alternate calls) with one slot per sender. A call writes
 //! a small header (the call descriptor) and the input straight into slot `me` of every
 //! peer's inbox, then waits until every slot of its own inbox is complete, reduces the
-//! slots in rank order, and resets the inbox. No barrier: an element is "arrived" when
-//! it no longer holds the sentinel.
+//! slots in rank order, and resets the inbox. No barrier: each reader waits only for the
+//! senders' own slots. On the host the header's last word is stored with release after the
+//! data, so a reader waits on that one word (acquire) instead of polling data lines the
+//! writer is still filling; the sentinel check of every element then only confirms it.
 //!
 //! The sentinel is the all-ones bit pattern, a NaN in f16, bf16, f32 and f64 alike, so one
 //! `memset(0xff)` resets an inbox for any dtype (a per-dtype sentinel such as -0.0 would
@@ -115,7 +117,13 @@ impl Lamport {
             }
             for (word, pair) in header.chunks_exact(2).enumerate() {
                 let value = HEADER_TAG | u32::from(u16::from_le_bytes([pair[0], pair[1]]));
-                header_word(slot, word).store(value, Ordering::Relaxed);
+                // The last header word is the release point of the whole slot.
+                let order = if word + 1 == HEADER_WORDS {
+                    Ordering::Release
+                } else {
+                    Ordering::Relaxed
+                };
+                header_word(slot, word).store(value, order);
             }
         }
         Ok(inbox)
@@ -194,12 +202,22 @@ impl Lamport {
         from: usize,
         deadline: Instant,
     ) -> Result<Option<CallDescriptor>> {
+        // Wait on the last header word only: it is stored with release after the data and
+        // the other words, so once it is seen (acquire) the whole slot is. Polling every
+        // element instead would make the reader pull cache lines the writer is still
+        // filling, and each line would cross between cores several times.
+        let last = HEADER_WORDS - 1;
+        spin_until(heap, from, deadline, || {
+            (header_word(slot, last).load(Ordering::Acquire) != 0).then_some(())
+        })?;
         let mut bytes = [0u8; DESCRIPTOR_BYTES];
         for word in 0..HEADER_WORDS {
-            let value = spin_until(heap, from, deadline, || {
-                let v = header_word(slot, word).load(Ordering::Relaxed);
-                (v != 0).then_some(v)
-            })?;
+            let value = header_word(slot, word).load(Ordering::Relaxed);
+            if value == 0 {
+                return Err(comm_core::Error::Mismatch(format!(
+                    "rank {from}'s lamport header is incomplete after its release point"
+                )));
+            }
             bytes[2 * word..2 * word + 2].copy_from_slice(&(value as u16).to_le_bytes());
         }
         decode_verdict(&bytes)
@@ -215,21 +233,13 @@ fn header_word<'a>(slot: *mut u8, word: usize) -> &'a AtomicU32 {
 /// Writes `input` into a peer's slot, element by element, never writing the sentinel.
 fn write_data(slot: *mut u8, dtype: DType, input: &[u8]) {
     // SAFETY: the slot's data area holds `capacity` >= input.len() bytes, 64-byte aligned;
-    // peers poll it with atomic loads of the same width.
+    // readers look at it only after the header's release store that follows.
     unsafe {
         let data = slot.add(HEADER_BYTES);
         match dtype.size() {
-            2 => store_words::<AtomicU16, u16>(
-                data,
-                input,
-                |w| if w == u16::MAX { 0x7e00 } else { w },
-            ),
-            4 => store_words::<AtomicU32, u32>(data, input, |w| {
-                if w == u32::MAX { 0x7fc0_0000 } else { w }
-            }),
-            _ => store_words::<AtomicU64, u64>(data, input, |w| {
-                if w == u64::MAX { 0x7ff8 << 48 } else { w }
-            }),
+            2 => store_words::<u16>(data, input, 0x7e00),
+            4 => store_words::<u32>(data, input, 0x7fc0_0000),
+            _ => store_words::<u64>(data, input, 0x7ff8 << 48),
         }
     }
 }
@@ -249,16 +259,12 @@ impl Word for u64 {
 }
 
 trait AtomicWord<W> {
-    fn store_relaxed(&self, w: W);
     fn load_relaxed(&self) -> W;
 }
 
 macro_rules! atomic_word {
     ($a:ty, $w:ty) => {
         impl AtomicWord<$w> for $a {
-            fn store_relaxed(&self, w: $w) {
-                self.store(w, Ordering::Relaxed)
-            }
             fn load_relaxed(&self) -> $w {
                 self.load(Ordering::Relaxed)
             }
@@ -269,18 +275,21 @@ atomic_word!(AtomicU16, u16);
 atomic_word!(AtomicU32, u32);
 atomic_word!(AtomicU64, u64);
 
+/// Copies `input` as words, replacing the sentinel pattern by the canonical NaN.
+///
 /// # Safety
-/// `data` must be aligned for `A` and hold `input.len()` bytes.
-unsafe fn store_words<A: AtomicWord<W>, W: Word>(
-    data: *mut u8,
-    input: &[u8],
-    fix: impl Fn(W) -> W,
-) {
-    let size = size_of::<W>();
-    for (i, chunk) in input.chunks_exact(size).enumerate() {
-        // SAFETY: in bounds and aligned per the caller.
-        let cell = unsafe { &*(data as *const A).add(i) };
-        cell.store_relaxed(fix(bytemuck::pod_read_unaligned(chunk)));
+/// `data` must be aligned for `W`, hold `input.len()` bytes, and not be read concurrently.
+unsafe fn store_words<W: Word>(data: *mut u8, input: &[u8], canonical: W) {
+    let count = input.len() / size_of::<W>();
+    // SAFETY: per the caller.
+    let out = unsafe { std::slice::from_raw_parts_mut(data as *mut W, count) };
+    let fix = |w: W| if w == W::SENTINEL { canonical } else { w };
+    match bytemuck::try_cast_slice::<u8, W>(input) {
+        Ok(words) => out.iter_mut().zip(words).for_each(|(o, &w)| *o = fix(w)),
+        Err(_) => out
+            .iter_mut()
+            .zip(input.chunks_exact(size_of::<W>()))
+            .for_each(|(o, c)| *o = fix(bytemuck::pod_read_unaligned(c))),
     }
 }
 
@@ -313,8 +322,15 @@ unsafe fn wait_words<A: AtomicWord<W>, W: Word>(
     from: usize,
     deadline: Instant,
 ) -> Result<()> {
-    // Resume from the first missing word: each word is polled until it arrives, once.
-    for i in 0..count {
+    // After the header's acquire the writer's stores are visible and it writes this slot
+    // no more this call: a plain (vectorisable) scan finds no sentinel. Only if one is
+    // found (a writer that broke the protocol) poll that word onwards.
+    // SAFETY: in bounds and aligned per the caller; no concurrent writer (see above).
+    let words = unsafe { std::slice::from_raw_parts(data as *const W, count) };
+    let Some(first) = words.iter().position(|&w| w == W::SENTINEL) else {
+        return Ok(());
+    };
+    for i in first..count {
         // SAFETY: in bounds and aligned per the caller.
         let cell = unsafe { &*(data as *const A).add(i) };
         spin_until(heap, from, deadline, || {
