@@ -29,10 +29,11 @@ use crate::lamport::Lamport;
 /// Default largest message per rank and call.
 pub const DEFAULT_MAX_BYTES: usize = 64 << 20;
 
-/// Float messages up to this size use `lamport` under [`Algorithm::Auto`].
-const LAMPORT_AUTO_MAX_BYTES: usize = 64 << 10;
-/// Other messages up to this size use `oneshot` under [`Algorithm::Auto`].
-const ONESHOT_MAX_BYTES: usize = 256 << 10;
+/// Messages up to this size use `oneshot` under [`Algorithm::Auto`]. On the host `lamport`
+/// never won (2 processes, 2-core VM, BENCHMARKS.md): writing into a peer's inbox moves
+/// every cache line to the writer's core and back to the reader's, where a pull moves it
+/// once; it stays available by name.
+const ONESHOT_MAX_BYTES: usize = 16 << 10;
 /// Largest Lamport message; larger ones fall back to `oneshot`/`twoshot`.
 const LAMPORT_CAPACITY: usize = 1 << 20;
 
@@ -159,7 +160,6 @@ impl SymmComm {
     fn choose(&self, dtype: comm_core::DType, bytes: usize) -> Algorithm {
         let lamport_ok = Lamport::supports(dtype) && bytes <= self.lamport.capacity();
         match self.algorithm.get() {
-            Algorithm::Auto if lamport_ok && bytes <= LAMPORT_AUTO_MAX_BYTES => Algorithm::Lamport,
             Algorithm::Auto if bytes <= ONESHOT_MAX_BYTES => Algorithm::OneShot,
             Algorithm::Auto => Algorithm::TwoShot,
             Algorithm::Lamport if !lamport_ok => Algorithm::OneShot,

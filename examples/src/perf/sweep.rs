@@ -367,6 +367,7 @@ impl Run<'_> {
         // Threads that are still starting would make the first size's first call look
         // slow, and the iteration count fitted to it too small.
         self.sync(use_comm_barrier)?;
+        self.settle(&mut send, &mut recv, points.first().map_or(0, |p| p.count))?;
         let mut rows = Vec::with_capacity(points.len());
         for (index, point) in points.iter().enumerate() {
             (self.observe)(Event::Starting {
@@ -383,6 +384,26 @@ impl Run<'_> {
             rows.push(row);
         }
         Ok(rows)
+    }
+
+    /// Runs a fixed number of calls of the smallest size before anything is timed: right
+    /// after start-up, processes are still faulting pages in and being placed on cores,
+    /// and the first table of a run came out several times slower than later ones.
+    fn settle<T: Value>(&self, send: &mut [T], recv: &mut [T], count: usize) -> Result<()> {
+        const CALLS: usize = 500;
+        for _ in 0..CALLS {
+            if self.cfg.in_place {
+                let buf = BufferMut::host(&mut send[..count]);
+                self.comm.all_reduce_in_place(buf, self.cfg.op)?;
+            } else {
+                let (input, output) = (
+                    BufferRef::host(&send[..count]),
+                    BufferMut::host(&mut recv[..count]),
+                );
+                self.comm.all_reduce(input, output, self.cfg.op)?;
+            }
+        }
+        Ok(())
     }
 
     /// Times one size, then checks it if asked; returns the timed iteration count too.
