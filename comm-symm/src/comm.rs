@@ -1,4 +1,4 @@
-//! `SymmComm`: collectives over the host symmetric heap.
+//! `HostSymmComm`: collectives over the host symmetric heap.
 //!
 //! Every call stages this rank's input in its own data area, next to its call descriptor,
 //! and meets the peers at one signal barrier; after it, every rank reads the peers' areas
@@ -71,7 +71,7 @@ impl Layout {
 
 /// A communicator over host symmetric memory. Ranks must share one node.
 #[derive(Debug)]
-pub struct SymmComm {
+pub struct HostSymmComm {
     heap: HostHeap,
     layout: Layout,
     lamport: Lamport,
@@ -79,7 +79,7 @@ pub struct SymmComm {
     calls: Cell<u64>,
 }
 
-impl SymmComm {
+impl HostSymmComm {
     /// Collective: sets up the heap for messages up to [`DEFAULT_MAX_BYTES`] per rank.
     pub fn new(bootstrap: &dyn Bootstrap) -> Result<Self> {
         Self::with_max_bytes(bootstrap, DEFAULT_MAX_BYTES)
@@ -94,7 +94,7 @@ impl SymmComm {
         let lamport = Lamport::new(&heap, 2 * layout.half, capacity);
         // Peers may write into this rank's Lamport inboxes only once they are reset.
         heap.barrier(PHASE_CHANNEL)?;
-        Ok(SymmComm {
+        Ok(HostSymmComm {
             heap,
             layout,
             lamport,
@@ -271,7 +271,7 @@ fn chunk_bounds(count: usize, world: usize, size: usize) -> Vec<(usize, usize)> 
         .collect()
 }
 
-impl Communicator for SymmComm {
+impl Communicator for HostSymmComm {
     fn name(&self) -> &str {
         "symm"
     }

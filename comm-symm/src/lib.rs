@@ -9,8 +9,9 @@
 //!
 //! The host backing shares `memfd` segments between the processes (or threads) of one node,
 //! passing descriptors over Unix sockets (SCM_RIGHTS); nothing is named, so nothing is
-//! left behind when a process dies. [`SymmComm`] implements
-//! [`comm_core::Communicator`] on top of it, with one-shot, two-shot and Lamport (barrier-free) all-reduce.
+//! left behind when a process dies. [`HostSymmComm`] implements
+//! [`comm_core::Communicator`] on top of it, with one-shot, two-shot and Lamport
+//! (barrier-free) all-reduce; [`SymmComm`] is the one type over either backing.
 //!
 //! With feature `cuda`, [`cuda`] holds the device backing: a [`cuda::DeviceHeap`] of GPU
 //! memory (`cuMemCreate` segments exported as POSIX file descriptors, passed with
@@ -27,7 +28,9 @@ pub mod cuda;
 pub mod fdpass;
 pub mod host;
 mod lamport;
+mod symm;
 
 pub use algorithm::Algorithm;
-pub use comm::{DEFAULT_MAX_BYTES, SymmComm};
+pub use comm::{DEFAULT_MAX_BYTES, HostSymmComm};
 pub use host::HostHeap;
+pub use symm::SymmComm;

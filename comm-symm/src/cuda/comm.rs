@@ -206,6 +206,11 @@ impl CudaSymmComm {
         })
     }
 
+    /// Sets the bound on waits for peers (kernels and host).
+    pub fn set_timeout(&mut self, timeout: std::time::Duration) {
+        self.heap.set_timeout(timeout);
+    }
+
     /// Joins on device `local_rank % device_count`, with [`CudaSymmConfig::from_env`].
     pub fn from_bootstrap(bootstrap: Arc<dyn Bootstrap>) -> Result<Self> {
         let device = probe::device_count()

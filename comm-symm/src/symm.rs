@@ -1,0 +1,132 @@
+//! `SymmComm`: one communicator over either backing of the symmetric heap.
+//!
+//! The algorithms (`oneshot`, `twoshot`, `lamport`, chosen by [`Algorithm`]) and their
+//! guarantees are the same on both backings; only where the heap lives differs. Host
+//! memory ([`HostSymmComm`]) serves CPU ranks and multi-process tests without a GPU;
+//! device memory (`CudaSymmComm`, feature `cuda`) serves GPU ranks and adds the fused
+//! all-reduce + residual add + RMSNorm. Code that does not care holds a `SymmComm`.
+
+use std::time::Duration;
+
+use comm_core::{Bootstrap, BufferMut, BufferRef, Capabilities, Communicator, ReduceOp, Result};
+
+use crate::algorithm::Algorithm;
+use crate::comm::HostSymmComm;
+#[cfg(feature = "cuda")]
+use crate::cuda::{CudaSymmComm, CudaSymmConfig};
+
+/// A symmetric-memory communicator on the host or on a CUDA device.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SymmComm {
+    /// Host shared memory.
+    Host(HostSymmComm),
+    /// CUDA device memory.
+    #[cfg(feature = "cuda")]
+    Cuda(CudaSymmComm),
+}
+
+macro_rules! each {
+    ($self:expr, $c:ident => $e:expr) => {
+        match $self {
+            SymmComm::Host($c) => $e,
+            #[cfg(feature = "cuda")]
+            SymmComm::Cuda($c) => $e,
+        }
+    };
+}
+
+impl SymmComm {
+    /// Collective: a host heap for messages up to [`crate::DEFAULT_MAX_BYTES`] per rank.
+    pub fn new(bootstrap: &dyn Bootstrap) -> Result<Self> {
+        HostSymmComm::new(bootstrap).map(SymmComm::Host)
+    }
+
+    /// Collective: a host heap for messages up to `max_bytes` per rank.
+    pub fn with_max_bytes(bootstrap: &dyn Bootstrap, max_bytes: usize) -> Result<Self> {
+        HostSymmComm::with_max_bytes(bootstrap, max_bytes).map(SymmComm::Host)
+    }
+
+    /// Collective: a device heap on CUDA device `device`.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(
+        bootstrap: std::sync::Arc<dyn Bootstrap>,
+        device: usize,
+        config: CudaSymmConfig,
+    ) -> Result<Self> {
+        CudaSymmComm::new(bootstrap, device, config).map(SymmComm::Cuda)
+    }
+
+    /// `"host"` or `"cuda"`.
+    pub fn backing(&self) -> &'static str {
+        match self {
+            SymmComm::Host(_) => "host",
+            #[cfg(feature = "cuda")]
+            SymmComm::Cuda(_) => "cuda",
+        }
+    }
+
+    /// Chooses the all-reduce algorithm (every rank must choose the same).
+    pub fn use_algorithm(&self, algorithm: Algorithm) {
+        each!(self, c => c.use_algorithm(algorithm))
+    }
+
+    /// Sets the bound on waits for peers.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        each!(self, c => c.set_timeout(timeout))
+    }
+
+    /// The host communicator, if this is one.
+    pub fn as_host(&self) -> Option<&HostSymmComm> {
+        match self {
+            SymmComm::Host(c) => Some(c),
+            #[cfg(feature = "cuda")]
+            SymmComm::Cuda(_) => None,
+        }
+    }
+
+    /// The CUDA communicator (with the fused all-reduce + RMSNorm), if this is one.
+    #[cfg(feature = "cuda")]
+    pub fn as_cuda(&self) -> Option<&CudaSymmComm> {
+        match self {
+            SymmComm::Cuda(c) => Some(c),
+            SymmComm::Host(_) => None,
+        }
+    }
+}
+
+impl Communicator for SymmComm {
+    fn name(&self) -> &str {
+        each!(self, c => c.name())
+    }
+    fn rank(&self) -> usize {
+        each!(self, c => c.rank())
+    }
+    fn world_size(&self) -> usize {
+        each!(self, c => c.world_size())
+    }
+    fn capabilities(&self) -> Capabilities {
+        each!(self, c => c.capabilities())
+    }
+    fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        each!(self, c => c.all_reduce(send, recv, op))
+    }
+    fn all_reduce_in_place(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        each!(self, c => c.all_reduce_in_place(buf, op))
+    }
+    fn all_gather(&self, send: BufferRef<'_>, recv: BufferMut<'_>) -> Result<()> {
+        each!(self, c => c.all_gather(send, recv))
+    }
+    fn reduce_scatter(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        each!(self, c => c.reduce_scatter(send, recv, op))
+    }
+    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<()> {
+        each!(self, c => c.broadcast(buf, root))
+    }
+    fn barrier(&self) -> Result<()> {
+        each!(self, c => c.barrier())
+    }
+    fn set_algorithm(&self, algorithm: Option<&str>) -> Result<()> {
+        each!(self, c => c.set_algorithm(algorithm))
+    }
+}
