@@ -181,7 +181,12 @@ fn count_wrong(c: &Case, world: usize, got: &[f64]) -> usize {
             } else if matches!(c.op, ReduceOp::Min | ReduceOp::Max) {
                 g != want
             } else {
-                !((g - want).abs() <= 2.0 * eps * world as f64 * scale)
+                // NaN fails too.
+                (g - want)
+                    .abs()
+                    .partial_cmp(&(2.0 * eps * world as f64 * scale))
+                    != Some(std::cmp::Ordering::Less)
+                    && g != want
             }
         })
         .count()
@@ -284,10 +289,13 @@ fn host_call<T: Element>(comm: &dyn Communicator, input: &[u8], op: ReduceOp) ->
 
 const HOST: &[&str] = &["local", "bootstrap", "symm", "auto"];
 
+/// One rank's (backend, output bytes) of a case.
+type Outputs = Vec<(String, Vec<u8>)>;
+
 /// In-process: each backend on fresh threads (in-process groups are built once per
 /// run), then every rank's output compared across backends.
 fn in_process(names: &[&str], c: &Case, world: usize, device: bool) {
-    let mut first: Option<(&str, Vec<Vec<(String, Vec<u8>)>>)> = None;
+    let mut first: Option<(&str, Vec<Outputs>)> = None;
     for name in names {
         let outs = run_threads(world, |ctx| run_case(&ctx, &[name], c, device)).unwrap();
         if outs.iter().all(|o| o.is_empty()) {
