@@ -474,6 +474,13 @@ impl Communicator for IpcComm {
         self.world
     }
 
+    /// The inherent [`IpcComm::set_algorithm`]: without this, calls through
+    /// `dyn Communicator` (allreduce-perf's `--algo`, `comm-select`) got the trait's
+    /// default, which knows no algorithm.
+    fn set_algorithm(&self, algorithm: Option<&str>) -> Result<()> {
+        IpcComm::set_algorithm(self, algorithm)
+    }
+
     fn capabilities(&self) -> Capabilities {
         let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
         let mut caps = Capabilities::host_complete().with_algorithms(&names);

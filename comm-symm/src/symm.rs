@@ -20,10 +20,10 @@ use crate::cuda::{CudaSymmComm, CudaSymmConfig};
 #[non_exhaustive]
 pub enum SymmComm {
     /// Host shared memory.
-    Host(HostSymmComm),
+    Host(Box<HostSymmComm>),
     /// CUDA device memory.
     #[cfg(feature = "cuda")]
-    Cuda(CudaSymmComm),
+    Cuda(Box<CudaSymmComm>),
 }
 
 macro_rules! each {
@@ -39,12 +39,12 @@ macro_rules! each {
 impl SymmComm {
     /// Collective: a host heap for messages up to [`crate::DEFAULT_MAX_BYTES`] per rank.
     pub fn new(bootstrap: &dyn Bootstrap) -> Result<Self> {
-        HostSymmComm::new(bootstrap).map(SymmComm::Host)
+        HostSymmComm::new(bootstrap).map(|c| SymmComm::Host(Box::new(c)))
     }
 
     /// Collective: a host heap for messages up to `max_bytes` per rank.
     pub fn with_max_bytes(bootstrap: &dyn Bootstrap, max_bytes: usize) -> Result<Self> {
-        HostSymmComm::with_max_bytes(bootstrap, max_bytes).map(SymmComm::Host)
+        HostSymmComm::with_max_bytes(bootstrap, max_bytes).map(|c| SymmComm::Host(Box::new(c)))
     }
 
     /// Collective: a device heap on CUDA device `device`.
@@ -54,7 +54,7 @@ impl SymmComm {
         device: usize,
         config: CudaSymmConfig,
     ) -> Result<Self> {
-        CudaSymmComm::new(bootstrap, device, config).map(SymmComm::Cuda)
+        CudaSymmComm::new(bootstrap, device, config).map(|c| SymmComm::Cuda(Box::new(c)))
     }
 
     /// `"host"` or `"cuda"`.
@@ -79,7 +79,7 @@ impl SymmComm {
     /// The host communicator, if this is one.
     pub fn as_host(&self) -> Option<&HostSymmComm> {
         match self {
-            SymmComm::Host(c) => Some(c),
+            SymmComm::Host(c) => Some(&**c),
             #[cfg(feature = "cuda")]
             SymmComm::Cuda(_) => None,
         }
@@ -89,7 +89,7 @@ impl SymmComm {
     #[cfg(feature = "cuda")]
     pub fn as_cuda(&self) -> Option<&CudaSymmComm> {
         match self {
-            SymmComm::Cuda(c) => Some(c),
+            SymmComm::Cuda(c) => Some(&**c),
             SymmComm::Host(_) => None,
         }
     }

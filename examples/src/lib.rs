@@ -6,6 +6,9 @@
 //! `torchrun`, one rank per process; [`launch`] decides which and starts the ranks.
 //! `hello` (in `examples/`) is the smallest program that uses the API.
 //!
+//! `verify-step` times the seeds' decode step (122 dependent all-reduces of 42 KB) per
+//! backend, as one CUDA graph on a GPU (see [`step`]).
+//!
 //! `kernels` builds every `.cu` of the workspace with NVRTC for a list of archs;
 //! [`all_kernel_sources`] is the registry it walks: every crate that keeps `.cu` files
 //! exports them as a list of [`KernelSource`]s, gathered here.
@@ -15,16 +18,18 @@
 pub mod backends;
 pub mod launch;
 pub mod perf;
+pub mod step;
 
 use comm_core::cuda::KernelSource;
 
 /// Every kernel source of the workspace, with the crate it belongs to.
 pub fn all_kernel_sources() -> Vec<(&'static str, KernelSource)> {
-    let lists: [(&str, &[KernelSource]); 4] = [
+    let lists: [(&str, &[KernelSource]); 5] = [
         ("comm-core", comm_core::cuda::kernels::KERNELS),
         ("comm-nccl", comm_nccl::KERNELS),
         ("comm-ipc", comm_ipc::KERNELS),
         ("comm-symm", comm_symm::cuda::KERNELS),
+        ("comm-examples", &[step::gpu::STEP_CHAIN]),
     ];
     lists
         .into_iter()

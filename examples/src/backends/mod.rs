@@ -7,10 +7,12 @@
 //! constructor of a few lines; backends behind cargo features add their entry under the
 //! same `cfg`.
 
+mod auto;
 mod context;
 
 use comm_core::{BootstrapComm, Communicator, Error, LocalComm, Result};
 
+pub use auto::create_select;
 pub use context::{RankContext, SharedBootstrap, ThreadGroup};
 
 use crate::launch::Mode;
@@ -23,6 +25,10 @@ pub type Constructor = fn(&RankContext) -> Result<Box<dyn Communicator>>;
 pub struct Backend {
     /// The name users pass to `--backend`.
     pub name: &'static str,
+    /// The name its communicator reports ([`Communicator::name`]), which tuning tables
+    /// and the selector use; differs from `name` where two registry entries are two
+    /// backings of one backend (`symm` and `symm-cuda`).
+    pub comm_name: &'static str,
     /// One line for `--help`.
     pub about: &'static str,
     /// Launch modes the backend can run in.
@@ -45,6 +51,7 @@ pub fn all() -> Vec<Backend> {
     vec![
         Backend {
             name: "local",
+            comm_name: "local",
             about: "threads of one process sharing memory (comm_core::LocalComm)",
             modes: &[Mode::Threads],
             default: true,
@@ -52,6 +59,7 @@ pub fn all() -> Vec<Backend> {
         },
         Backend {
             name: "bootstrap",
+            comm_name: "bootstrap",
             about: "data through the job's bootstrap, any launch (comm_core::BootstrapComm)",
             modes: &[Mode::Threads, Mode::Env, Mode::Mpi],
             default: true,
@@ -59,6 +67,7 @@ pub fn all() -> Vec<Backend> {
         },
         Backend {
             name: "symm",
+            comm_name: "symm",
             about: "host symmetric heap shared by the ranks of one node (comm_symm::SymmComm)",
             modes: &[Mode::Threads, Mode::Env, Mode::Mpi],
             default: true,
@@ -66,6 +75,7 @@ pub fn all() -> Vec<Backend> {
         },
         Backend {
             name: "ipc",
+            comm_name: "ipc",
             about: "CUDA-IPC custom all-reduce, device memory, ranks may share a GPU (comm_ipc::IpcComm)",
             modes: &Mode::ALL,
             // Needs a GPU: measured when asked for.
@@ -74,6 +84,7 @@ pub fn all() -> Vec<Backend> {
         },
         Backend {
             name: "nccl",
+            comm_name: "nccl",
             about: "NCCL on device memory, one GPU per rank (comm_nccl::NcclComm)",
             modes: &Mode::ALL,
             // Needs a GPU and libnccl: measured when asked for.
@@ -81,9 +92,21 @@ pub fn all() -> Vec<Backend> {
             create: create_nccl,
         },
         Backend {
+            name: "symm-cuda",
+            comm_name: "symm",
+            about: "symm's CUDA backing: symmetric device heap, ranks may share a GPU \
+                    (comm_symm::cuda::CudaSymmComm)",
+            modes: &Mode::ALL,
+            // Needs a GPU: measured when asked for.
+            default: false,
+            create: create_symm_cuda,
+        },
+        Backend {
             name: "auto",
-            about: "picks one of the mode's default backends per call (comm_select::SelectComm; \
-                    reads COMM_BACKEND, COMM_TUNING, COMM_TOPOLOGY)",
+            comm_name: "auto",
+            about: "picks a backend per call (comm_select::SelectComm over the GPU backends that \
+                    start here and the mode's defaults; reads COMM_BACKEND, COMM_TUNING, \
+                    COMM_TOPOLOGY)",
             modes: &[Mode::Threads, Mode::Env, Mode::Mpi],
             default: false,
             create: create_auto,
@@ -91,6 +114,7 @@ pub fn all() -> Vec<Backend> {
         #[cfg(feature = "mpi")]
         Backend {
             name: "mpi",
+            comm_name: "mpi",
             about: "MPI's own collectives, one rank per process (comm_core::MpiComm)",
             modes: &[Mode::Env, Mode::Mpi],
             default: true,
@@ -142,20 +166,8 @@ fn create_symm(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
     Ok(Box::new(comm_symm::SymmComm::new(&**ctx.bootstrap())?))
 }
 
-/// Every default backend of the mode, behind one selector. Each member is built on the
-/// same context, in registry order, so the ranks agree on the list.
 fn create_auto(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
-    let members = defaults(ctx.mode())
-        .iter()
-        .filter(|b| b.name != "auto")
-        .map(|b| (b.create)(ctx))
-        .collect::<Result<Vec<_>>>()?;
-    let options = comm_select::SelectOptions::from_env()?;
-    Ok(Box::new(comm_select::SelectComm::new(
-        &**ctx.bootstrap(),
-        members,
-        options,
-    )?))
+    Ok(Box::new(create_select(ctx)?))
 }
 
 /// MPI is initialised once per process and reused, so this works under either
@@ -169,6 +181,12 @@ fn create_mpi(_ctx: &RankContext) -> Result<Box<dyn Communicator>> {
 
 fn create_ipc(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
     Ok(Box::new(comm_ipc::IpcComm::from_bootstrap(
+        ctx.bootstrap().clone(),
+    )?))
+}
+
+fn create_symm_cuda(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+    Ok(Box::new(comm_symm::cuda::CudaSymmComm::from_bootstrap(
         ctx.bootstrap().clone(),
     )?))
 }
@@ -195,7 +213,7 @@ mod tests {
     }
 
     /// Tuning tables and the selector name backends by `Communicator::name`: the
-    /// registry must use the same names.
+    /// registry must know those names.
     #[test]
     fn registry_names_are_the_communicators_names() {
         for backend in all().into_iter().filter(|b| b.runs_in(Mode::Threads)) {
@@ -205,7 +223,7 @@ mod tests {
             .unwrap();
             for name in names {
                 match name {
-                    Ok(name) => assert_eq!(name, backend.name),
+                    Ok(name) => assert_eq!(name, backend.comm_name),
                     // GPU backends on a machine without GPU or driver: nothing to compare.
                     Err(Error::NoDevice(_) | Error::LibraryMissing { .. }) => {}
                     Err(e) => panic!("{}: {e}", backend.name),

@@ -40,6 +40,10 @@ pub struct Row {
     pub wrong: Option<u64>,
     /// Whether every rank's result had the same bits; `None` when not checked.
     pub identical: Option<bool>,
+    /// What `auto` routed this size to: `backend[:algorithm] (Source)`; `None` for
+    /// every other backend (and absent from older JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice: Option<String>,
 }
 
 impl Row {
@@ -136,7 +140,7 @@ pub fn format_row(row: &Row) -> String {
         (Some(w), Some(false)) => format!("{w}!"),
         (Some(w), _) => w.to_string(),
     };
-    format!(
+    let mut line = format!(
         " {:>12} {:>12} {:>6} {:>6} {:>11} {:>9.2} {:>9.2} {:>7}",
         row.bytes,
         row.count,
@@ -146,7 +150,12 @@ pub fn format_row(row: &Row) -> String {
         row.algbw,
         row.busbw,
         wrong
-    )
+    );
+    // `auto`'s choice as a last column, so that the columns before it stay nccl-tests'.
+    if let Some(choice) = &row.choice {
+        let _ = write!(line, "  -> {choice}");
+    }
+    line
 }
 
 fn format_time(us: f64) -> String {
@@ -199,7 +208,8 @@ pub fn write_json(path: &Path, rows: &[Row]) -> io::Result<()> {
 }
 
 /// The CSV header line.
-pub const CSV_HEADER: &str = "backend,algorithm,bootstrap,ranks,dtype,op,in_place,bytes,count,iters,time_us,algbw,busbw,wrong,identical";
+/// (`choice` came last, so that readers of the older columns by position still work.)
+pub const CSV_HEADER: &str = "backend,algorithm,bootstrap,ranks,dtype,op,in_place,bytes,count,iters,time_us,algbw,busbw,wrong,identical,choice";
 
 /// Writes `rows` as CSV (empty fields where a value is absent).
 pub fn write_csv(path: &Path, rows: &[Row]) -> io::Result<()> {
@@ -209,7 +219,7 @@ pub fn write_csv(path: &Path, rows: &[Row]) -> io::Result<()> {
     for r in rows {
         writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{:.3},{:.4},{:.4},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{:.3},{:.4},{:.4},{},{},{}",
             csv_field(&r.backend),
             csv_field(r.algorithm.as_deref().unwrap_or_default()),
             csv_field(&r.bootstrap),
@@ -225,6 +235,7 @@ pub fn write_csv(path: &Path, rows: &[Row]) -> io::Result<()> {
             r.busbw,
             opt(r.wrong.map(|w| w.to_string())),
             opt(r.identical.map(|i| i.to_string())),
+            csv_field(r.choice.as_deref().unwrap_or_default()),
         )?;
     }
     out.flush()

@@ -187,7 +187,20 @@ pub fn run_rank(
     cfg: &SweepConfig,
     observe: &(dyn Fn(Event<'_>) + Sync),
 ) -> Result<Vec<Row>> {
-    let comm = create(ctx)?;
+    // `auto` is built as its concrete type, so that each row can say what it chose.
+    let selector = if backend == "auto" {
+        Some(crate::backends::create_select(ctx)?)
+    } else {
+        None
+    };
+    let boxed;
+    let comm: &dyn Communicator = match &selector {
+        Some(s) => s,
+        None => {
+            boxed = create(ctx)?;
+            &*boxed
+        }
+    };
     if comm.world_size() != ctx.world_size() || comm.rank() != ctx.rank() {
         return Err(Error::Mismatch(format!(
             "{backend}: communicator is rank {} of {}, bootstrap says rank {} of {}",
@@ -198,10 +211,11 @@ pub fn run_rank(
         )));
     }
     let mut rows = Vec::new();
-    for algorithm in algorithms(&*comm, backend, &cfg.algorithms, observe)? {
+    for algorithm in algorithms(comm, backend, &cfg.algorithms, observe)? {
         comm.set_algorithm(algorithm.as_deref())?;
         let run = Run {
-            comm: &*comm,
+            comm,
+            selector: selector.as_ref(),
             ctl: &**ctx.bootstrap(),
             backend,
             algorithm: algorithm.as_deref(),
@@ -269,6 +283,8 @@ fn algorithms(
 /// One rank's sweep of one backend with one algorithm.
 struct Run<'a> {
     comm: &'a dyn Communicator,
+    /// The selector behind `comm` when the backend is `auto`.
+    selector: Option<&'a comm_select::SelectComm>,
     ctl: &'a dyn Bootstrap,
     backend: &'a str,
     algorithm: Option<&'a str>,
@@ -348,7 +364,10 @@ impl Run<'_> {
                 });
             }
         }
-        if caps.device_memory && !caps.host_memory {
+        // A backend that takes both (`auto` over GPU and host backends) is measured on
+        // device memory where there is a device: that is what it is for.
+        let has_gpu = || comm_core::cuda::device_count().is_ok_and(|n| n > 0);
+        if caps.device_memory && (!caps.host_memory || has_gpu()) {
             return self.sweep_device(points);
         }
         let smallest = points.first().map_or(0, |p| p.bytes as usize);
@@ -379,7 +398,7 @@ impl Run<'_> {
             let send = &mut send[..point.count];
             let recv = &mut recv[..if cfg.in_place { 0 } else { point.count }];
             let (iters, mine) = self.measure(index, send, recv, use_comm_barrier)?;
-            let row = self.gather(point, iters, mine)?;
+            let row = self.gather(point, iters, mine, false)?;
             (self.observe)(Event::Finished(&row));
             rows.push(row);
         }
@@ -499,7 +518,7 @@ impl Run<'_> {
     }
 
     /// Exchanges every rank's measurement and builds the row (the same on every rank).
-    fn gather(&self, point: &Point, iters: usize, mine: Measured) -> Result<Row> {
+    fn gather(&self, point: &Point, iters: usize, mine: Measured, device: bool) -> Result<Row> {
         let all = self
             .ctl
             .all_gather_bytes(&mine.encode())?
@@ -526,6 +545,18 @@ impl Run<'_> {
             busbw: busbw(alg, ranks),
             wrong: checked.then(|| all.iter().map(|m| m.wrong).sum()),
             identical: checked.then(|| all.iter().all(|m| m.fingerprint == all[0].fingerprint)),
+            choice: self.selector.map(|s| {
+                let call = comm_select::CallInfo::all_reduce(
+                    self.cfg.dtype,
+                    self.cfg.op,
+                    point.bytes as usize,
+                    device,
+                );
+                match s.choose(&call) {
+                    Ok(c) => format!("{} ({:?})", c.label(), c.source),
+                    Err(e) => format!("none ({e})"),
+                }
+            }),
         })
     }
 }

@@ -23,7 +23,9 @@ pub fn tuning_table(rows: &[Row], note: &str) -> TuningTable {
             collective: Collective::AllReduce.name().to_string(),
             dtype: r.dtype.clone(),
             bytes: r.bytes as usize,
-            backend: r.backend.clone(),
+            // The selector knows backends by their communicator's name.
+            backend: crate::backends::find(&r.backend)
+                .map_or_else(|_| r.backend.clone(), |b| b.comm_name.to_string()),
             algorithm: r.algorithm.clone(),
             time_us: r.time_us,
         })
@@ -53,6 +55,7 @@ mod tests {
             busbw: 0.0,
             wrong: None,
             identical: None,
+            choice: None,
         }
     }
 

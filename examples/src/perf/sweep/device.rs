@@ -51,7 +51,7 @@ impl Run<'_> {
             });
             let (iters, mine) =
                 self.measure_device(point, index, &memory, &kernels, &mut send, &mut recv)?;
-            let row = self.gather(point, iters, mine)?;
+            let row = self.gather(point, iters, mine, true)?;
             (self.observe)(super::Event::Finished(&row));
             rows.push(row);
         }

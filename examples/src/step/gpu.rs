@@ -1,0 +1,200 @@
+//! A step on device memory: the all-reduces and the dependent kernel between them,
+//! captured once into a CUDA graph and replayed; each replay is framed by events.
+//!
+//! One eager step comes first (backends set up lazily, which a capture cannot hold);
+//! then the graph is captured, replayed once from the initial data and checked against
+//! the f64 reference, warmed up and timed.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::Duration;
+
+use comm_core::cuda::cudarc::driver::sys::{
+    CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
+};
+use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result, sys};
+use comm_core::cuda::{
+    DeviceMemory, DeviceOwned, KernelCache, KernelSource, device_count, driver_error,
+};
+use comm_core::{Bootstrap, Communicator, DType, Error, ReduceOp, Result, bf16, f16};
+
+use super::chain;
+use super::{Config, Timing};
+
+/// The dependent kernel.
+pub const STEP_CHAIN: KernelSource = KernelSource {
+    name: "step_chain.cu",
+    source: include_str!("../../kernels/step_chain.cu"),
+};
+
+const THREADS: u32 = 256;
+
+/// `x = y / div + add` of `step_chain.cu`, for one dtype on one device.
+struct ChainKernel {
+    ctx: Arc<CudaContext>,
+    function: CudaFunction,
+}
+
+impl ChainKernel {
+    fn load(ctx: &Arc<CudaContext>, dtype: DType) -> Result<Self> {
+        let name = format!("comm_step_chain_{}", dtype.name());
+        Ok(ChainKernel {
+            ctx: ctx.clone(),
+            function: KernelCache::global().function(ctx, &STEP_CHAIN, &name)?,
+        })
+    }
+
+    fn launch(
+        &self,
+        x: &mut DeviceOwned,
+        y: &DeviceOwned,
+        div: f32,
+        add: f32,
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(driver_error)?;
+        let (mut xp, mut yp) = (x.buffer().device_ptr(), y.buffer().device_ptr());
+        let mut n = x.len().min(y.len()) as u64;
+        let (mut div, mut add) = (div, add);
+        let mut params = [
+            &mut xp as *mut u64 as *mut c_void,
+            &mut yp as *mut u64 as *mut c_void,
+            &mut n as *mut u64 as *mut c_void,
+            &mut div as *mut f32 as *mut c_void,
+            &mut add as *mut f32 as *mut c_void,
+        ];
+        // A few blocks per SM at most: the kernel is tiny, its launch is what costs.
+        let blocks = n.div_ceil(u64::from(THREADS)).clamp(1, 1024) as u32;
+        // SAFETY: the function is loaded in this context; the parameters match the
+        // kernel's (u64 x, u64 y, u64 n, float div, float add) and outlive the launch
+        // call, which copies them; both buffers hold at least `n` elements.
+        unsafe {
+            result::launch_kernel(
+                self.function.cu_function(),
+                (blocks, 1, 1),
+                (THREADS, 1, 1),
+                0,
+                stream,
+                &mut params,
+            )
+        }
+        .map_err(driver_error)
+    }
+}
+
+/// Runs the step of `comm` on this rank's GPU as a graph: checked once, then timed.
+pub fn run(comm: &dyn Communicator, ctl: &dyn Bootstrap, cfg: &Config) -> Result<Timing> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let memory = DeviceMemory::new(ctl.local_rank() % device_count()?)?;
+    let kernel = ChainKernel::load(memory.context(), cfg.dtype)?;
+    let init = encode(cfg.dtype, &chain::input(rank, world, cfg.count))?;
+    let mut x = memory.alloc(cfg.dtype, cfg.count)?;
+    let mut y = memory.alloc(cfg.dtype, cfg.count)?;
+    let stream = memory.stream().clone();
+    let raw = stream.cu_stream();
+    let div = world as f32;
+    let step = |x: &mut DeviceOwned, y: &mut DeviceOwned| -> Result<()> {
+        for k in 0..cfg.calls {
+            comm.all_reduce(
+                x.view(0, cfg.count)?,
+                y.view_mut(0, cfg.count)?,
+                ReduceOp::Sum,
+            )?;
+            kernel.launch(x, y, div, chain::add(k), raw)?;
+        }
+        Ok(())
+    };
+    x.write(&init)?;
+    step(&mut x, &mut y)?;
+    memory.synchronize()?;
+    ctl.barrier()?;
+
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(driver_error)?;
+    // The capture must end whatever happened inside it.
+    let captured = step(&mut x, &mut y);
+    let graph = stream
+        .end_capture(CUgraphInstantiate_flags(0))
+        .map_err(driver_error)?;
+    captured?;
+    let graph = graph.ok_or_else(|| Error::backend("cuda", "the capture recorded no graph"))?;
+
+    x.write(&init)?;
+    graph.launch().map_err(driver_error)?;
+    let got = decode(cfg.dtype, &x.read()?)?;
+    let wrong = chain::count_wrong(&got, &chain::reference(world, cfg.count, cfg.calls));
+
+    for _ in 0..cfg.warmup {
+        graph.launch().map_err(driver_error)?;
+    }
+    memory.synchronize()?;
+    ctl.barrier()?;
+    let events = (0..=cfg.steps)
+        .map(|_| {
+            stream
+                .context()
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(driver_error)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    events[0].record(&stream).map_err(driver_error)?;
+    for event in &events[1..] {
+        graph.launch().map_err(driver_error)?;
+        event.record(&stream).map_err(driver_error)?;
+    }
+    memory.synchronize()?;
+    let mut times = events
+        .windows(2)
+        .map(|w| {
+            w[0].elapsed_ms(&w[1])
+                .map(|ms| Duration::from_secs_f64(f64::from(ms) / 1e3))
+                .map_err(driver_error)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Timing {
+        step: crate::perf::sweep::median(&mut times),
+        wrong,
+        graph: true,
+    })
+}
+
+fn encode(dtype: DType, values: &[f64]) -> Result<Vec<u8>> {
+    Ok(match dtype {
+        DType::F32 => values
+            .iter()
+            .flat_map(|&v| (v as f32).to_le_bytes())
+            .collect(),
+        DType::F16 => values
+            .iter()
+            .flat_map(|&v| f16::from_f64(v).to_le_bytes())
+            .collect(),
+        DType::BF16 => values
+            .iter()
+            .flat_map(|&v| bf16::from_f64(v).to_le_bytes())
+            .collect(),
+        other => return Err(unsupported(other)),
+    })
+}
+
+fn decode(dtype: DType, bytes: &[u8]) -> Result<Vec<f64>> {
+    let size = dtype.size();
+    let words = bytes.chunks_exact(size);
+    Ok(match dtype {
+        DType::F32 => words
+            .map(|w| f64::from(f32::from_le_bytes(w.try_into().expect("4 bytes"))))
+            .collect(),
+        DType::F16 => words
+            .map(|w| f16::from_le_bytes(w.try_into().expect("2 bytes")).to_f64())
+            .collect(),
+        DType::BF16 => words
+            .map(|w| bf16::from_le_bytes(w.try_into().expect("2 bytes")).to_f64())
+            .collect(),
+        other => return Err(unsupported(other)),
+    })
+}
+
+/// The dtypes of `step_chain.cu`.
+pub fn unsupported(dtype: DType) -> Error {
+    Error::Unsupported(format!("verify-step takes f32, f16 or bf16, not {dtype}"))
+}

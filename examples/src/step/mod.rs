@@ -1,0 +1,329 @@
+//! `verify-step`: the seeds' decode-step workload, timed per backend.
+//!
+//! A step is `--calls` all-reduces (sum) of `--count` elements, each followed by a small
+//! op that depends on its result and feeds the next call ([`chain`]). On a GPU backend
+//! the whole step is captured into one CUDA graph and replayed ([`gpu`]); on a host
+//! backend it is a plain loop ([`host`]). Each backend's step is checked once against
+//! the f64 reference, then timed: the median over `--steps` steps, slowest rank. Ranks
+//! are threads of this process (`--ranks`), or processes under `mpirun`/`torchrun`.
+
+pub mod chain;
+pub mod gpu;
+pub mod host;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use comm_core::{Communicator, DType, Error, Result};
+
+use crate::backends::{self, RankContext};
+use crate::launch::{Mode, launched, process_context, run_threads};
+
+const USAGE: &str = "\
+usage: verify-step [--calls N] [--count N] [--dtype bf16|f16|f32] [--steps N] [--warmup N]
+                   [--ranks N] [--backend NAME,...|all|auto]
+
+  --calls N      all-reduces per step (default 122, the seeds' decode step)
+  --count N      elements per all-reduce (default 21504: 42 KB of bf16)
+  --dtype T      bf16 (default), f16 or f32
+  --steps N      timed steps (default 200); the median is reported
+  --warmup N     untimed steps first (default 10)
+  --ranks N      in-process ranks when no launcher started us (default 1)
+  --backend L    comma-separated registry names, `all` (every backend of the launch
+                 mode that starts here) or `auto` (default: all,auto)
+";
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// All-reduces per step.
+    pub calls: usize,
+    /// Elements per all-reduce.
+    pub count: usize,
+    /// Element type.
+    pub dtype: DType,
+    /// Timed steps.
+    pub steps: usize,
+    /// Untimed steps before.
+    pub warmup: usize,
+    /// In-process ranks.
+    pub ranks: usize,
+    /// Backends, as given (`all` expands at run time).
+    pub backends: Vec<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            calls: 122,
+            count: 3 * 7168,
+            dtype: DType::BF16,
+            steps: 200,
+            warmup: 10,
+            ranks: 1,
+            backends: vec!["all".into(), "auto".into()],
+        }
+    }
+}
+
+/// One rank's result for one backend.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    /// Median step time.
+    pub step: Duration,
+    /// Elements that missed the reference in the checked step.
+    pub wrong: usize,
+    /// Whether the step ran as a CUDA graph.
+    pub graph: bool,
+}
+
+/// Parses the command line (without the program name).
+pub fn parse(
+    args: impl IntoIterator<Item = String>,
+) -> std::result::Result<Option<Config>, String> {
+    let mut cfg = Config::default();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) => (f.to_string(), Some(v.to_string())),
+            None => (arg.clone(), None),
+        };
+        if flag == "-h" || flag == "--help" {
+            return Ok(None);
+        }
+        let value = inline
+            .or_else(|| args.next())
+            .ok_or_else(|| format!("{flag} needs a value"))?;
+        let number = || {
+            value
+                .parse::<usize>()
+                .map_err(|_| format!("{flag}: `{value}` is not a number"))
+        };
+        match flag.as_str() {
+            "--calls" => cfg.calls = number()?,
+            "--count" => cfg.count = number()?,
+            "--steps" => cfg.steps = number()?.max(1),
+            "--warmup" => cfg.warmup = number()?,
+            "--ranks" => cfg.ranks = number()?.max(1),
+            "--dtype" => {
+                cfg.dtype = value.parse().map_err(|e| format!("--dtype: {e}"))?;
+                if !matches!(cfg.dtype, DType::BF16 | DType::F16 | DType::F32) {
+                    return Err(gpu::unsupported(cfg.dtype).to_string());
+                }
+            }
+            "--backend" => {
+                cfg.backends = value
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            }
+            other => return Err(format!("unknown flag `{other}`")),
+        }
+    }
+    Ok(Some(cfg))
+}
+
+/// The program: exit 0 when every backend ran and matched the reference.
+pub fn main() -> ExitCode {
+    let cfg = match parse(std::env::args().skip(1)) {
+        Ok(Some(cfg)) => cfg,
+        Ok(None) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("verify-step: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let mode = if launched() { Mode::Env } else { Mode::Threads };
+    let names = expand(&cfg.backends, mode);
+    let ok = match mode {
+        // Each backend gets fresh threads: in-process groups are built once per run.
+        Mode::Threads => names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                run_threads(cfg.ranks, |ctx| run_rank(&ctx, &cfg, &names[i..=i], i == 0))
+                    .map_err(|e| Error::backend("verify-step", format!("{name}: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(|all| all.concat()),
+        _ => process_context(mode).map(|ctx| vec![run_rank(&ctx, &cfg, &names, true)]),
+    };
+    match ok {
+        Ok(all) if all.iter().all(|&ok| ok) => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("verify-step: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `all` becomes every registry backend of `mode` but `auto`, in registry order.
+fn expand(names: &[String], mode: Mode) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in names {
+        if name == "all" {
+            out.extend(
+                backends::all()
+                    .into_iter()
+                    .filter(|b| b.runs_in(mode) && b.name != "auto")
+                    .map(|b| b.name.to_string()),
+            );
+        } else {
+            out.push(name.clone());
+        }
+    }
+    out
+}
+
+/// Collective: runs every backend on this rank; true when all were right. Rank 0 prints.
+fn run_rank(ctx: &RankContext, cfg: &Config, names: &[String], header: bool) -> bool {
+    let root = ctx.rank() == 0;
+    if root && header {
+        println!(
+            "# verify-step: {} all-reduces of {} {} ({} B) per step, {} ranks ({}), {} steps",
+            cfg.calls,
+            cfg.count,
+            cfg.dtype,
+            cfg.count * cfg.dtype.size(),
+            ctx.world_size(),
+            ctx.mode(),
+            cfg.steps
+        );
+        println!(
+            "# {:<10} {:>6} {:>12} {:>14} {:>7}  choice",
+            "backend", "how", "step (us)", "per call (us)", "#wrong"
+        );
+    }
+    let mut ok = true;
+    for name in names {
+        match run_backend(ctx, cfg, name) {
+            Ok((t, choice)) => {
+                ok &= t.wrong == 0;
+                if root {
+                    let us = t.step.as_secs_f64() * 1e6;
+                    println!(
+                        "  {:<10} {:>6} {:>12.1} {:>14.2} {:>7}  {}",
+                        name,
+                        if t.graph { "graph" } else { "loop" },
+                        us,
+                        us / cfg.calls.max(1) as f64,
+                        t.wrong,
+                        choice.unwrap_or_default()
+                    );
+                }
+            }
+            // A GPU backend on a machine without one is not a failure of the step.
+            Err(Error::NoDevice(_) | Error::LibraryMissing { .. }) if !cfg!(test) => {
+                if root {
+                    println!("  {name:<10} skipped: no GPU or library here");
+                }
+            }
+            Err(e) => {
+                ok = false;
+                if root {
+                    println!("  {name:<10} FAILED: {e}");
+                }
+            }
+        }
+    }
+    ok
+}
+
+/// One backend on this rank: its timing (slowest rank's median, wrong summed over ranks)
+/// and, for `auto`, what it chose.
+fn run_backend(ctx: &RankContext, cfg: &Config, name: &str) -> Result<(Timing, Option<String>)> {
+    let backend = backends::find(name).map_err(Error::InvalidArgument)?;
+    let ctl = &**ctx.bootstrap();
+    // `auto` is built as its concrete type, so that it can say what it chose.
+    let selector = if name == "auto" {
+        Some(backends::create_select(ctx)?)
+    } else {
+        None
+    };
+    let boxed;
+    let comm: &dyn Communicator = match &selector {
+        Some(s) => s,
+        None => {
+            boxed = (backend.create)(ctx)?;
+            &*boxed
+        }
+    };
+    let caps = comm.capabilities();
+    let has_gpu = comm_core::cuda::device_count().is_ok_and(|n| n > 0);
+    let on_device = caps.device_memory && (!caps.host_memory || has_gpu);
+    let mine = if on_device {
+        gpu::run(comm, ctl, cfg)
+    } else {
+        match cfg.dtype {
+            DType::BF16 => host::run::<comm_core::bf16>(comm, ctl, cfg),
+            DType::F16 => host::run::<comm_core::f16>(comm, ctl, cfg),
+            DType::F32 => host::run::<f32>(comm, ctl, cfg),
+            other => Err(gpu::unsupported(other)),
+        }
+    };
+    // Every rank reports, failed or not, so that none waits for a rank that gave up.
+    let record = match &mine {
+        Ok(t) => [t.step.as_secs_f64(), t.wrong as f64, 1.0],
+        Err(_) => [0.0, 0.0, 0.0],
+    };
+    let bytes: Vec<u8> = record.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let all = ctl.all_gather_bytes(&bytes)?;
+    let timing = mine?;
+    let field = |b: &[u8], i: usize| f64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8"));
+    if let Some(r) = all.iter().position(|b| b.len() != 24 || field(b, 2) != 1.0) {
+        return Err(Error::backend("verify-step", format!("rank {r} failed")));
+    }
+    let slowest = all.iter().map(|b| field(b, 0)).fold(0.0, f64::max);
+    let wrong: f64 = all.iter().map(|b| field(b, 1)).sum();
+    let choice = selector.map(|s| {
+        let call = comm_select::CallInfo::all_reduce(
+            cfg.dtype,
+            comm_core::ReduceOp::Sum,
+            cfg.count * cfg.dtype.size(),
+            on_device,
+        );
+        match s.choose(&call) {
+            Ok(c) => format!("{} ({:?})", c.label(), c.source),
+            Err(e) => format!("none ({e})"),
+        }
+    });
+    Ok((
+        Timing {
+            step: Duration::from_secs_f64(slowest),
+            wrong: wrong as usize,
+            graph: timing.graph,
+        },
+        choice,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_parse_and_the_host_step_matches_the_reference() {
+        let cfg = parse(
+            "--calls 7 --count=33 --dtype f32 --steps 3 --warmup 1 --ranks 3 --backend local,bootstrap"
+                .split(' ')
+                .map(String::from),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (cfg.calls, cfg.count, cfg.dtype, cfg.ranks),
+            (7, 33, DType::F32, 3)
+        );
+        assert!(parse(["--dtype".into(), "i32".into()]).is_err());
+        for (i, name) in expand(&cfg.backends, Mode::Threads).iter().enumerate() {
+            let names = std::slice::from_ref(name);
+            let ok = run_threads(cfg.ranks, |ctx| run_rank(&ctx, &cfg, names, i == 0)).unwrap();
+            assert!(ok.iter().all(|&ok| ok), "{name}");
+        }
+    }
+}
