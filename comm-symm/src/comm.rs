@@ -168,10 +168,13 @@ impl HostSymmComm {
     }
 
     /// Stages `input`, meets every rank, agrees on the call. Returns the half in use.
+    /// `skip`: a byte range of `input` no peer reads (this rank's own two-shot chunk,
+    /// which it reads from the caller's buffer), left out of the staging copy.
     fn begin(
         &self,
         verdict: Result<CallDescriptor>,
         input: Option<&[u8]>,
+        skip: Option<(usize, usize)>,
         locations: &[MemoryLocation],
     ) -> Result<(usize, CallDescriptor)> {
         self.heap.check_usable()?;
@@ -200,11 +203,10 @@ impl HostSymmComm {
             );
             slot.copy_from_slice(&encode_verdict(&verdict));
             if let (Ok(_), Some(input)) = (&verdict, input) {
-                std::ptr::copy_nonoverlapping(
-                    input.as_ptr(),
-                    self.area(me, self.layout.input(half)),
-                    input.len(),
-                );
+                let area = self.area(me, self.layout.input(half));
+                let (s, e) = skip.unwrap_or((input.len(), input.len()));
+                std::ptr::copy_nonoverlapping(input.as_ptr(), area, s);
+                std::ptr::copy_nonoverlapping(input[e..].as_ptr(), area.add(e), input.len() - e);
             }
         }
         self.heap.barrier(PHASE_CHANNEL)?;
@@ -226,7 +228,15 @@ impl HostSymmComm {
             .collect()
     }
 
-    fn reduce_all(&self, half: usize, call: &CallDescriptor, out: &mut [u8]) -> Result<()> {
+    /// `own`: this rank's input when it is a separate buffer (out of place); its two-shot
+    /// chunk is then read from there rather than from the staging area.
+    fn reduce_all(
+        &self,
+        half: usize,
+        call: &CallDescriptor,
+        own: Option<&[u8]>,
+        out: &mut [u8],
+    ) -> Result<()> {
         let op = call.op.expect("reducing call");
         let algorithm = self.choose(call.dtype, out.len());
         let world = self.heap.world_size();
@@ -237,12 +247,11 @@ impl HostSymmComm {
         let chunks = chunk_bounds(call.count as usize, world, call.dtype.size());
         let me = self.heap.rank();
         let (start, end) = chunks[me];
-        reduce_host(
-            call.dtype,
-            op,
-            &self.inputs(half, start, end - start),
-            &mut out[start..end],
-        );
+        let mut sources = self.inputs(half, start, end - start);
+        if let Some(own) = own {
+            sources[me] = &own[start..end];
+        }
+        reduce_host(call.dtype, op, &sources, &mut out[start..end]);
         // SAFETY: own result area, read by peers only after the result barrier.
         unsafe {
             std::ptr::copy_nonoverlapping(
@@ -301,8 +310,13 @@ impl Communicator for HostSymmComm {
             let out = recv.host_bytes_mut().unwrap_or_default();
             return self.lamport.collect(&self.heap, verdict, inbox, out);
         }
-        let (half, call) = self.begin(verdict, send.host_bytes(), &locations)?;
-        self.reduce_all(half, &call, recv.require_host("symm")?)
+        let world = self.world_size();
+        let two_shot = world > 1 && self.choose(send.dtype(), send.bytes()) == Algorithm::TwoShot;
+        let skip =
+            two_shot.then(|| chunk_bounds(send.len(), world, send.dtype().size())[self.rank()]);
+        let (half, call) = self.begin(verdict, send.host_bytes(), skip, &locations)?;
+        let own = send.host_bytes().filter(|_| two_shot);
+        self.reduce_all(half, &call, own, recv.require_host("symm")?)
     }
 
     fn all_reduce_in_place(&self, mut buf: BufferMut<'_>, op: ReduceOp) -> Result<()> {
@@ -317,14 +331,15 @@ impl Communicator for HostSymmComm {
             let out = buf.host_bytes_mut().unwrap_or_default();
             return self.lamport.collect(&self.heap, verdict, inbox, out);
         }
-        let (half, call) = self.begin(verdict, buf.as_ref().host_bytes(), &[buf.location()])?;
-        self.reduce_all(half, &call, buf.require_host("symm")?)
+        let (half, call) =
+            self.begin(verdict, buf.as_ref().host_bytes(), None, &[buf.location()])?;
+        self.reduce_all(half, &call, None, buf.require_host("symm")?)
     }
 
     fn all_gather(&self, send: BufferRef<'_>, mut recv: BufferMut<'_>) -> Result<()> {
         let verdict = CallDescriptor::all_gather(&send, &recv, self.world_size());
         let locations = [send.location(), recv.location()];
-        let (half, call) = self.begin(verdict, send.host_bytes(), &locations)?;
+        let (half, call) = self.begin(verdict, send.host_bytes(), None, &locations)?;
         let bytes = call.send_bytes();
         let out = recv.require_host("symm")?;
         for (rank, input) in self.inputs(half, 0, bytes).into_iter().enumerate() {
@@ -341,7 +356,7 @@ impl Communicator for HostSymmComm {
     ) -> Result<()> {
         let verdict = CallDescriptor::reduce_scatter(&send, &recv, op, self.world_size());
         let locations = [send.location(), recv.location()];
-        let (half, call) = self.begin(verdict, send.host_bytes(), &locations)?;
+        let (half, call) = self.begin(verdict, send.host_bytes(), None, &locations)?;
         let share = call.send_bytes() / self.world_size();
         let inputs = self.inputs(half, self.rank() * share, share);
         reduce_host(call.dtype, op, &inputs, recv.require_host("symm")?);
@@ -355,7 +370,7 @@ impl Communicator for HostSymmComm {
         } else {
             None
         };
-        let (half, call) = self.begin(verdict, staged, &[buf.location()])?;
+        let (half, call) = self.begin(verdict, staged, None, &[buf.location()])?;
         if self.rank() != root {
             let bytes = call.send_bytes();
             // SAFETY: between the phase barrier and the end of the call.
@@ -366,7 +381,7 @@ impl Communicator for HostSymmComm {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.begin(Ok(CallDescriptor::barrier()), None, &[])
+        self.begin(Ok(CallDescriptor::barrier()), None, None, &[])
             .map(drop)
     }
 
