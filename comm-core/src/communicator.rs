@@ -3,6 +3,7 @@
 use std::fmt;
 
 use crate::buffer::{BufferMut, BufferRef, MemoryLocation};
+use crate::call::CallDescriptor;
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 
@@ -101,6 +102,28 @@ impl Capabilities {
     pub fn with_algorithms(mut self, algorithms: &[&str]) -> Self {
         self.algorithms = algorithms.iter().map(|a| a.to_string()).collect();
         self
+    }
+
+    /// Adds this backend's limits to a rank's verdict on its call: `Ok(call)` stays only if
+    /// the backend can run it with buffers at every one of `locations`.
+    pub fn admit(
+        &self,
+        backend: &str,
+        verdict: Result<CallDescriptor>,
+        locations: &[MemoryLocation],
+    ) -> Result<CallDescriptor> {
+        let call = verdict?;
+        for &location in locations {
+            self.check(
+                backend,
+                call.collective,
+                call.dtype,
+                call.op,
+                call.send_bytes(),
+                location,
+            )?;
+        }
+        Ok(call)
     }
 
     /// Returns `Err(Unsupported)` unless this backend can run `collective` on `dtype` with

@@ -139,20 +139,7 @@ impl HostSymmComm {
         verdict: Result<CallDescriptor>,
         locations: &[MemoryLocation],
     ) -> Result<CallDescriptor> {
-        verdict.and_then(|d| {
-            let caps = self.capabilities();
-            for &location in locations {
-                caps.check(
-                    "symm",
-                    d.collective,
-                    d.dtype,
-                    d.op,
-                    d.send_bytes(),
-                    location,
-                )?;
-            }
-            Ok(d)
-        })
+        self.capabilities().admit("symm", verdict, locations)
     }
 
     /// The all-reduce algorithm for `bytes` of `dtype` (the same on every rank that agrees
@@ -178,20 +165,7 @@ impl HostSymmComm {
         locations: &[MemoryLocation],
     ) -> Result<(usize, CallDescriptor)> {
         self.heap.check_usable()?;
-        let verdict = verdict.and_then(|d| {
-            let caps = self.capabilities();
-            for &location in locations {
-                caps.check(
-                    "symm",
-                    d.collective,
-                    d.dtype,
-                    d.op,
-                    d.send_bytes(),
-                    location,
-                )?;
-            }
-            Ok(d)
-        });
+        let verdict = self.checked(verdict, locations);
         let half = (self.calls.get() % 2) as usize;
         self.calls.set(self.calls.get() + 1);
         let me = self.heap.rank();

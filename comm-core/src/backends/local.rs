@@ -80,20 +80,7 @@ impl LocalComm {
         locations: &[MemoryLocation],
         work: impl FnOnce(&CallDescriptor, &[Posting]),
     ) -> Result<()> {
-        let verdict = verdict.and_then(|d| {
-            let caps = self.capabilities();
-            for &location in locations {
-                caps.check(
-                    "local",
-                    d.collective,
-                    d.dtype,
-                    d.op,
-                    d.send_bytes(),
-                    location,
-                )?;
-            }
-            Ok(d)
-        });
+        let verdict = self.capabilities().admit("local", verdict, locations);
         let posting = Posting {
             verdict: verdict.as_ref().ok().copied(),
             send,

@@ -362,18 +362,7 @@ impl CudaSymmComm {
         call: Result<CallDescriptor>,
         locations: &[MemoryLocation],
     ) -> Result<(CallDescriptor, RawStream)> {
-        let call = call?;
-        let caps = self.capabilities();
-        for &location in locations {
-            caps.check(
-                "symm",
-                call.collective,
-                call.dtype,
-                call.op,
-                call.send_bytes(),
-                location,
-            )?;
-        }
+        let call = self.capabilities().admit("symm", call, locations)?;
         Ok((call, self.stream_of(locations)?))
     }
 
