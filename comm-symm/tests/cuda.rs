@@ -43,8 +43,13 @@ fn without_a_gpu_joining_fails_cleanly() {
     }
 }
 
+// On the H200 (2026-11-29) this in-process run did not finish within 100 s, while the
+// same suite passes in separate processes (`symm_check` under mpirun -np 2/4/8) and the
+// 8-virtual-rank bench runs with validation off. Suspected: a synchronous copy of one rank
+// thread waiting behind the other rank's spinning kernel in the shared context (legacy
+// default-stream semantics). Kept ignored until that is fixed and re-run.
 #[test]
-#[ignore = "needs a GPU"]
+#[ignore = "needs a GPU; hangs in-process with 2 virtual ranks on one GPU (see comment)"]
 fn conformance_on_two_virtual_ranks() {
     for r in on_ranks(2, |b| {
         let comm = CudaSymmComm::new(b, 0, config())?;
