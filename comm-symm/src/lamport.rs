@@ -353,7 +353,7 @@ fn spin_until<T>(
             return Ok(v);
         }
         spins = spins.wrapping_add(1);
-        if spins < 2_000 {
+        if spins < heap.spins_before_yield() {
             std::hint::spin_loop();
             continue;
         }

@@ -20,8 +20,11 @@ use crate::fdpass::exchange_fds;
 /// Bytes per signal slot: one cache line, so that writers never share a line.
 const SLOT: usize = 64;
 
-/// Spins before a waiter starts yielding its core (ranks may outnumber cores).
+/// Spins before a waiter starts yielding its core, when every rank has a core of its own.
 const SPINS_BEFORE_YIELD: u32 = 2_000;
+/// The same when local ranks outnumber cores: the peer being waited for may need this
+/// very core, so spinning only delays it.
+const SPINS_BEFORE_YIELD_OVERSUBSCRIBED: u32 = 16;
 
 /// A rank's view of the host symmetric heap.
 #[derive(Debug)]
@@ -35,6 +38,7 @@ pub struct HostHeap {
     sent: Vec<Cell<u64>>,
     seen: Vec<Cell<u64>>,
     timeout: Duration,
+    spins_before_yield: u32,
     broken: RefCell<Option<String>>,
 }
 
@@ -82,8 +86,14 @@ impl HostHeap {
             sent: (0..channels * world).map(|_| Cell::new(0)).collect(),
             seen: (0..channels * world).map(|_| Cell::new(0)).collect(),
             timeout: bootstrap.timeout(),
+            spins_before_yield: spins_before_yield(bootstrap.local_world_size()),
             broken: RefCell::new(None),
         })
+    }
+
+    /// Spins before a waiter yields its core (see [`spins_before_yield`]).
+    pub fn spins_before_yield(&self) -> u32 {
+        self.spins_before_yield
     }
 
     /// This rank.
@@ -163,7 +173,7 @@ impl HostHeap {
         let mut deadline = None;
         while slot.load(Ordering::Acquire) < want.get() {
             spins = spins.wrapping_add(1);
-            if spins < SPINS_BEFORE_YIELD {
+            if spins < self.spins_before_yield {
                 std::hint::spin_loop();
                 continue;
             }
@@ -188,5 +198,15 @@ impl HostHeap {
             self.wait_signal(peer, channel, self.timeout)?;
         }
         Ok(())
+    }
+}
+
+/// How long a waiter spins before yielding, for `local_ranks` ranks on this machine.
+pub fn spins_before_yield(local_ranks: usize) -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if local_ranks > cores {
+        SPINS_BEFORE_YIELD_OVERSUBSCRIBED
+    } else {
+        SPINS_BEFORE_YIELD
     }
 }
