@@ -91,7 +91,7 @@ impl HostHeap {
         })
     }
 
-    /// Spins before a waiter yields its core (see [`spins_before_yield`]).
+    /// Spins before a waiter yields its core: fewer when local ranks outnumber cores.
     pub fn spins_before_yield(&self) -> u32 {
         self.spins_before_yield
     }
@@ -202,7 +202,7 @@ impl HostHeap {
 }
 
 /// How long a waiter spins before yielding, for `local_ranks` ranks on this machine.
-pub fn spins_before_yield(local_ranks: usize) -> u32 {
+fn spins_before_yield(local_ranks: usize) -> u32 {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if local_ranks > cores {
         SPINS_BEFORE_YIELD_OVERSUBSCRIBED
