@@ -2,57 +2,11 @@
 //! the TCP store on loopback (`EnvBootstrap`, one thread per rank). Real processes under
 //! `mpirun` are in `mpirun_bootstrap.rs`.
 
-use std::net::TcpListener;
 use std::time::Duration;
 
+use comm_core::conformance::ranks::{on_loopback, on_threads};
 use comm_core::conformance::{self, Config, Report};
-use comm_core::{BootstrapComm, Communicator, EnvBootstrap, LaunchInfo, ThreadsBootstrap};
-
-fn on_threads<T: Send + 'static>(
-    n: usize,
-    timeout: Duration,
-    body: impl Fn(BootstrapComm<ThreadsBootstrap>) -> T + Send + Sync + Clone + 'static,
-) -> Vec<T> {
-    let handles: Vec<_> = ThreadsBootstrap::with_timeout(n, timeout)
-        .into_iter()
-        .map(|boot| {
-            let body = body.clone();
-            std::thread::spawn(move || body(BootstrapComm::new(boot)))
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
-}
-
-fn on_tcp<T: Send + 'static>(
-    n: usize,
-    timeout: Duration,
-    body: impl Fn(BootstrapComm<EnvBootstrap>) -> T + Send + Sync + Clone + 'static,
-) -> Vec<T> {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut listener = Some(listener);
-    let handles: Vec<_> = (0..n)
-        .map(|rank| {
-            let body = body.clone();
-            let listener = if rank == 0 { listener.take() } else { None };
-            std::thread::spawn(move || {
-                let info = LaunchInfo {
-                    rank,
-                    world_size: n,
-                    local_rank: rank,
-                    local_world_size: n,
-                    launcher: "test",
-                };
-                let boot = match listener {
-                    Some(l) => EnvBootstrap::with_listener(l, info, timeout),
-                    None => EnvBootstrap::connect(info, addr, timeout),
-                };
-                body(BootstrapComm::new(boot.unwrap()))
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
-}
+use comm_core::{BootstrapComm, Communicator};
 
 fn check(reports: Vec<Result<Report, conformance::Failure>>, config: &Config) {
     for (rank, r) in reports.into_iter().enumerate() {
@@ -76,7 +30,9 @@ fn conformance_over_threads() {
         };
         let c = config.clone();
         check(
-            on_threads(n, LONG, move |comm| conformance::run(&comm, &c)),
+            on_threads(n, LONG, move |b| {
+                conformance::run(&BootstrapComm::new(b), &c)
+            }),
             &config,
         );
     }
@@ -91,7 +47,9 @@ fn conformance_over_tcp() {
     };
     let c = config.clone();
     check(
-        on_tcp(3, LONG, move |comm| conformance::run(&comm, &c)),
+        on_loopback(3, LONG, move |b| {
+            conformance::run(&BootstrapComm::new(b), &c)
+        }),
         &config,
     );
 }
@@ -99,7 +57,8 @@ fn conformance_over_tcp() {
 #[test]
 fn absent_rank_times_out_everywhere_else_over_threads() {
     let bound = Duration::from_millis(200);
-    for waited in on_threads(4, bound, move |comm| {
+    for waited in on_threads(4, bound, move |b| {
+        let comm = BootstrapComm::new(b);
         conformance::check_timeout(&comm, 2, bound * 5)
     }) {
         assert!(waited.unwrap() < bound * 5);
@@ -109,7 +68,8 @@ fn absent_rank_times_out_everywhere_else_over_threads() {
 #[test]
 fn absent_rank_times_out_everywhere_else_over_tcp() {
     let bound = Duration::from_millis(300);
-    for waited in on_tcp(4, bound, move |comm| {
+    for waited in on_loopback(4, bound, move |b| {
+        let comm = BootstrapComm::new(b);
         let waited = conformance::check_timeout(&comm, 2, bound * 5);
         if comm.rank() == 2 {
             // Stay connected until the others have timed out: leaving would be noticed

@@ -3,27 +3,10 @@
 
 use std::time::Duration;
 
+use comm_core::Bootstrap;
+use comm_core::conformance::ranks::on_threads;
 use comm_core::conformance::{self, Config};
-use comm_core::{Bootstrap, ThreadsBootstrap};
 use comm_symm::{Algorithm, HostHeap, SymmComm};
-
-fn on_threads<T: Send + 'static>(
-    world: usize,
-    timeout: Duration,
-    body: impl Fn(ThreadsBootstrap) -> T + Send + Sync + Clone + 'static,
-) -> Vec<T> {
-    let handles: Vec<_> = ThreadsBootstrap::with_timeout(world, timeout)
-        .into_iter()
-        .map(|b| {
-            let body = body.clone();
-            std::thread::spawn(move || body(b))
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("rank panicked"))
-        .collect()
-}
 
 fn conformance_with(world: usize, algorithm: Algorithm, config: Config) {
     let reports = on_threads(world, Duration::from_secs(60), move |b| {

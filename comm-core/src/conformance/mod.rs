@@ -28,6 +28,7 @@ mod data;
 mod errors;
 mod memory;
 pub mod mpirun;
+pub mod ranks;
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
