@@ -8,6 +8,7 @@
 //! Prints the median time of a whole step and per all-reduce, both ways. Times are GPU
 //! times between events around each step, after warm-up; results are checked once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use comm_core::cuda::cudarc::driver::sys::{
@@ -33,7 +34,7 @@ fn main() {
 
 fn run(replays: usize) -> Result<()> {
     let bootstrap = ThreadsBootstrap::create(1).remove(0);
-    let comm = NcclComm::new(&bootstrap, 0)?;
+    let comm = NcclComm::new(Arc::new(bootstrap), 0)?;
     let memory = DeviceMemory::new(0)?;
     let kernels = PatternKernels::load(memory.context())?;
     let stream = memory.stream().clone();
