@@ -323,6 +323,19 @@ fn two_gpus_conformance_with_threads() {
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn two_gpus_an_absent_rank_times_out_and_aborts() {
+    absent_rank_times_out_and_aborts(true);
+}
+
+#[test]
+#[ignore = "needs 2 GPUs"]
+fn two_gpus_an_absent_rank_times_out_and_aborts_without_validation() {
+    absent_rank_times_out_and_aborts(false);
+}
+
+/// Rank 1 stops calling. Validating, rank 0's next call times out in the exchange of call
+/// descriptors; without, it enqueues and the bounded wait times out behind NCCL's kernel.
+/// Either way the communicator is aborted afterwards.
+fn absent_rank_times_out_and_aborts(validate: bool) {
     require_two_gpus();
     let bound = Duration::from_secs(2);
     // Both ranks run one all-reduce first: NCCL connects peers lazily, inside the first
@@ -331,8 +344,9 @@ fn two_gpus_an_absent_rank_times_out_and_aborts() {
     let ranks: Vec<_> = two_gpu_group(bound)
         .into_iter()
         .map(|h| h.join().unwrap().unwrap())
-        .map(|(comm, memory)| {
+        .map(|(mut comm, memory)| {
             std::thread::spawn(move || {
+                comm.set_validate(validate);
                 let mut buf = memory.alloc(DType::F32, 1024)?;
                 buf.poison(0)?;
                 comm.all_reduce_in_place(buf.view_mut(0, 1024)?, ReduceOp::Sum)?;
@@ -349,9 +363,12 @@ fn two_gpus_an_absent_rank_times_out_and_aborts() {
     // Rank 1 never calls again. Leak it: destroying a communicator whose peer is stuck
     // could wait on that peer, which is not what this test is about.
     std::mem::forget(ranks);
-    comm.all_reduce_in_place(buf.view_mut(0, 1024).unwrap(), ReduceOp::Sum)
-        .unwrap();
-    let err = comm.synchronize(memory.raw_stream()).unwrap_err();
+    let called = comm.all_reduce_in_place(buf.view_mut(0, 1024).unwrap(), ReduceOp::Sum);
+    assert_eq!(called.is_err(), validate, "{called:?}");
+    let err = match called {
+        Err(e) => e,
+        Ok(()) => comm.synchronize(memory.raw_stream()).unwrap_err(),
+    };
     assert!(matches!(err, Error::Timeout { .. }), "{err}");
     let err = comm.barrier().unwrap_err();
     assert!(matches!(err, Error::Aborted(_)), "{err}");
