@@ -1,6 +1,6 @@
 //! In-process tests of the CUDA backing: without a GPU, joining fails with an error (no
 //! panic); with one (`--include-ignored`), the conformance suite and the fused op run on
-//! two virtual ranks of device 0. The multi-process checks are `examples/symm_check.rs`.
+//! two virtual ranks of device 0. The multi-process checks are `gpu-check --backend symm-cuda` (comm-examples).
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
@@ -12,11 +12,10 @@ use comm_core::{Bootstrap, Error, ThreadsBootstrap};
 use comm_symm::cuda::{CudaSymmComm, CudaSymmConfig};
 
 fn config() -> CudaSymmConfig {
-    CudaSymmConfig {
-        max_bytes: 1 << 20,
-        timeout: Some(Duration::from_secs(20)),
-        ..CudaSymmConfig::default()
-    }
+    let mut c = CudaSymmConfig::default();
+    c.peer.max_bytes = 1 << 20;
+    c.peer.timeout = Some(Duration::from_secs(20));
+    c
 }
 
 fn on_ranks<T: Send + 'static>(n: usize, f: fn(Arc<dyn Bootstrap>) -> T) -> Vec<T> {
