@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod backends;
+pub mod gpu;
 pub mod launch;
 pub mod perf;
 pub mod step;
