@@ -81,6 +81,12 @@ impl Registered {
             let peer_pid = u32::from_le_bytes(m[1..5].try_into().unwrap());
             let addr = u64::from_le_bytes(m[5..13].try_into().unwrap());
             if rank == me || peer_pid == pid {
+                if rank != me && m[77..93] != uuid(ctx) {
+                    if let Err(e) = enable_peer_access(ctx, &m[77..93]) {
+                        failure = Some(format!("peer access to rank {rank}'s device: {e}"));
+                        break;
+                    }
+                }
                 registered.ptrs.push(addr);
                 continue;
             }
@@ -148,6 +154,32 @@ impl Registered {
     pub fn buffer_mut(&mut self) -> &mut DeviceBuffer {
         &mut self.buf
     }
+}
+
+/// Lets `ctx` address memory of the device with `peer_uuid` (an in-process peer on another
+/// GPU: IPC handles, which would do this, cannot be opened in the process that made them).
+fn enable_peer_access(ctx: &Arc<CudaContext>, peer_uuid: &[u8]) -> Result<()> {
+    let count = comm_core::cuda::device_count()?;
+    for ordinal in 0..count {
+        let peer = CudaContext::new(ordinal).map_err(comm_core::cuda::driver_error)?;
+        if uuid(&peer) != peer_uuid {
+            continue;
+        }
+        ctx.bind_to_thread()
+            .map_err(comm_core::cuda::driver_error)?;
+        // SAFETY: both contexts are live primary contexts; enabling twice is reported as
+        // PEER_ACCESS_ALREADY_ENABLED, which is what we want.
+        let r = unsafe { sys::cuCtxEnablePeerAccess(peer.cu_ctx(), 0) };
+        return match r {
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
+                Ok(())
+            }
+            e => Err(comm_core::cuda::driver_error(e.result().unwrap_err())),
+        };
+    }
+    Err(Error::Bootstrap(
+        "no device of this process has the peer's UUID".into(),
+    ))
 }
 
 impl PeerSource for Registered {
