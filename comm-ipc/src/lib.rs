@@ -9,7 +9,7 @@
 //! (virtual ranks sharing one device) use it directly.
 //!
 //! What this crate adds to the layer is user buffers registered with every rank
-//! ([`IpcComm::alloc`] -> [`IpcBuffer`]): an all-reduce whose input lies in one is read by
+//! (`PeerComm::alloc` through `Deref` -> [`IpcBuffer`]): an all-reduce whose input lies in one is read by
 //! the peers in place (zero-copy, pull algorithms), and graphs can be captured over them.
 //! The algorithms ([`Algorithm`]: `oneshot-pull`, `twoshot-pull`, `oneshot-push`,
 //! `twoshot-push`) and everything else are described in `comm-peer`.

@@ -3,12 +3,10 @@
 
 use std::cell::Cell;
 use std::sync::Arc;
-use std::time::Duration;
 
-use comm_core::cuda::cudarc::driver::CudaContext;
-use comm_core::{Bootstrap, BufferMut, BufferRef, RawStream, Result};
+use comm_core::{Bootstrap, Result};
 use comm_peer::config::Env;
-use comm_peer::{Algorithm, PeerComm, PeerConfig, device_for, refuse_join};
+use comm_peer::{PeerComm, PeerConfig, device_for, refuse_join};
 
 use super::heap::map_segments;
 use super::segment::Backing;
@@ -59,7 +57,7 @@ impl CudaSymmConfig {
 ///
 /// Calls check their arguments, optionally agree on them with every rank (one bootstrap
 /// exchange), and enqueue one kernel on the buffers' stream; nothing synchronises, so
-/// calls can be captured into CUDA graphs. [`CudaSymmComm::synchronize`] waits, bounded,
+/// calls can be captured into CUDA graphs. `synchronize` (of the `PeerComm` it derefs to) waits, bounded,
 /// and reports a kernel that gave up waiting for a peer as `Error::Timeout`; the
 /// communicator refuses work after that.
 #[derive(Debug)]
@@ -118,22 +116,6 @@ impl CudaSymmComm {
         }
     }
 
-    /// The shared layer's communicator underneath (its group holds the heap's signal
-    /// primitives, peer table and status).
-    pub fn peer(&self) -> &PeerComm {
-        &self.inner
-    }
-
-    /// The CUDA context of this rank's device.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        self.inner.context()
-    }
-
-    /// The peer-memory configuration.
-    pub fn config(&self) -> &PeerConfig {
-        self.inner.config()
-    }
-
     /// True for VMM segments, false for legacy CUDA IPC.
     pub fn is_vmm(&self) -> bool {
         self.vmm
@@ -144,44 +126,18 @@ impl CudaSymmComm {
         self.segment_bytes
     }
 
-    /// Most blocks one launch uses.
-    pub fn max_blocks(&self) -> u32 {
-        self.inner.max_blocks()
-    }
-
     /// Sets the bound on waits for peers (kernels and host).
-    pub fn set_timeout(&mut self, timeout: Duration) {
+    pub fn set_timeout(&mut self, timeout: std::time::Duration) {
         self.inner.set_timeout(timeout);
     }
+}
 
-    /// Chooses the all-reduce algorithm, `None` for the automatic choice (every rank alike;
-    /// checked when validating).
-    pub fn use_algorithm(&self, algorithm: Option<Algorithm>) {
-        self.inner.use_algorithm(algorithm);
-    }
+/// Everything of the shared layer's communicator: `synchronize`, `use_algorithm`,
+/// `algorithm_for`, the fused `all_reduce_residual_rmsnorm`, the group's primitives.
+impl std::ops::Deref for CudaSymmComm {
+    type Target = PeerComm;
 
-    /// The algorithm an all-reduce of `bytes` uses now.
-    pub fn algorithm_for(&self, bytes: usize) -> Algorithm {
-        self.inner.algorithm_for(bytes)
-    }
-
-    /// Waits for the work enqueued on `stream`, bounded; `Error::Timeout` if a kernel gave
-    /// up waiting for a peer. Not while `stream` is being captured.
-    pub fn synchronize(&self, stream: RawStream) -> Result<()> {
-        self.inner.synchronize(stream)
-    }
-
-    /// The fused all-reduce + residual add + RMSNorm (see
-    /// [`PeerComm::all_reduce_residual_rmsnorm`]).
-    pub fn all_reduce_residual_rmsnorm(
-        &self,
-        input: BufferRef<'_>,
-        residual: BufferMut<'_>,
-        out: BufferMut<'_>,
-        weight: BufferRef<'_>,
-        eps: f32,
-    ) -> Result<()> {
-        self.inner
-            .all_reduce_residual_rmsnorm(input, residual, out, weight, eps)
+    fn deref(&self) -> &PeerComm {
+        &self.inner
     }
 }

@@ -8,18 +8,17 @@
 //! offset everywhere. Every step ends with an exchange of verdicts, so that a rank that
 //! fails makes every rank fail instead of leaving them waiting.
 //!
-//! The heap is a source of peer memory for `comm-peer`, whose [`PeerGroup`] provides the
-//! primitives ([`DeviceHeap::put_signal`], [`DeviceHeap::wait_signal`],
-//! [`DeviceHeap::barrier`]: one-block kernels, stores of growing counts, no peer atomics,
-//! waits bounded by `%globaltimer`) and the bounded [`DeviceHeap::synchronize`].
+//! The heap is a source of peer memory for `comm-peer`, whose [`PeerGroup`] (reached
+//! through `Deref`) provides the primitives (`put_signal`, `wait_signal`, `barrier`:
+//! one-block kernels, stores of growing counts, no peer atomics, waits bounded by
+//! `%globaltimer`) and the bounded `synchronize`.
 
 use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::time::Duration;
 
 use comm_core::cuda::DeviceBuffer;
 use comm_core::cuda::cudarc::driver::CudaContext;
-use comm_core::{Bootstrap, Error, RawStream, Result};
+use comm_core::{Bootstrap, Error, Result};
 use comm_peer::layout::HEADER_BYTES;
 use comm_peer::{
     PeerGroup, PeerSource, Ready, Registered, device_table, init_buffer, init_region, sharing, uuid,
@@ -85,26 +84,6 @@ impl DeviceHeap {
         })
     }
 
-    /// The group the heap's primitives run on.
-    pub fn group(&self) -> &PeerGroup {
-        &self.group
-    }
-
-    /// The context the heap lives in.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        self.group.context()
-    }
-
-    /// This rank.
-    pub fn rank(&self) -> usize {
-        self.group.rank()
-    }
-
-    /// Number of ranks.
-    pub fn world_size(&self) -> usize {
-        self.group.world_size()
-    }
-
     /// Bytes of every rank's segment (header included, rounded up to the granularity).
     pub fn segment_bytes(&self) -> usize {
         self.size
@@ -120,67 +99,24 @@ impl DeviceHeap {
         self.vmm
     }
 
-    /// Most ranks sharing one device.
-    pub fn sharing(&self) -> usize {
-        self.group.sharing()
-    }
-
-    /// Every rank's segment as mapped in this process (device addresses), by rank.
-    pub fn peer_ptrs(&self) -> &[u64] {
-        self.group.peer_ptrs()
-    }
-
-    /// The device array of every rank's segment address.
-    pub fn device_table(&self) -> u64 {
-        self.group.device_table()
-    }
-
-    /// The bound on waits (kernels and host).
-    pub fn timeout(&self) -> Duration {
-        self.group.timeout()
-    }
-
     /// Sets the bound on waits.
-    pub fn set_timeout(&mut self, timeout: Duration) {
+    pub fn set_timeout(&mut self, timeout: std::time::Duration) {
         self.group.set_timeout(timeout);
     }
 
-    /// Fails once a wait has timed out (or another fatal error happened).
-    pub fn live(&self) -> Result<()> {
-        self.group.live()
+    /// The group the heap's primitives run on.
+    pub fn group(&self) -> &PeerGroup {
+        &self.group
     }
+}
 
-    /// Enqueues on `stream`: the next signal to `peer` on `channel`.
-    pub fn put_signal(&self, stream: RawStream, peer: usize, channel: usize) -> Result<()> {
-        self.group.put_signal(stream, peer, channel)
-    }
+/// The group's accessors and primitives: `rank`, `world_size`, `sharing`, `peer_ptrs`,
+/// `device_table`, `timeout`, `live`, `put_signal`, `wait_signal`, `barrier`, `synchronize`.
+impl std::ops::Deref for DeviceHeap {
+    type Target = PeerGroup;
 
-    /// Enqueues on `stream`: a wait for `peer`'s next signal on `channel`, at most
-    /// `timeout`.
-    pub fn wait_signal(
-        &self,
-        stream: RawStream,
-        peer: usize,
-        channel: usize,
-        timeout: Duration,
-    ) -> Result<()> {
-        self.group.wait_signal(stream, peer, channel, timeout)
-    }
-
-    /// Enqueues on `stream`: a signal to every peer on `channel`, then a wait for all.
-    pub fn barrier(&self, stream: RawStream, channel: usize) -> Result<()> {
-        self.group.barrier(stream, channel)
-    }
-
-    /// Waits for the work enqueued on `stream`, bounded; `Error::Timeout` if a kernel gave
-    /// up waiting for a peer. Not while capturing.
-    pub fn synchronize(&self, stream: RawStream) -> Result<()> {
-        self.group.synchronize(stream)
-    }
-
-    /// The context's default stream, as the primitives take it.
-    pub fn default_stream(&self) -> RawStream {
-        comm_core::cuda::raw_stream(&self.context().default_stream())
+    fn deref(&self) -> &PeerGroup {
+        &self.group
     }
 }
 

@@ -10,7 +10,7 @@
 //! - [`CudaSymmComm`]: [`comm_core::Communicator`] over the heap: one-shot and two-shot,
 //!   pull and push (Lamport) all-reduce (by name, or automatic), all_gather,
 //!   reduce_scatter, broadcast, barrier, f32/f16/bf16; plus
-//!   [`CudaSymmComm::all_reduce_residual_rmsnorm`], the fused all-reduce + residual add +
+//!   `all_reduce_residual_rmsnorm` (of the `PeerComm` it derefs to), the fused all-reduce + residual add +
 //!   RMSNorm.
 
 mod comm;

@@ -83,8 +83,8 @@ impl GpuComm {
     /// The layer's communicator: every collective, the fused op, zero-copy buffers.
     pub fn peer(&self) -> &PeerComm {
         match self {
-            GpuComm::Ipc(c) => c.peer(),
-            GpuComm::Symm(c) => c.peer(),
+            GpuComm::Ipc(c) => c,
+            GpuComm::Symm(c) => c,
         }
     }
 
