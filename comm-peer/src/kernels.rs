@@ -1,9 +1,8 @@
 //! The kernels of `kernels/peer_collectives.cu` (with `peer_io.cuh` and `peer_sync.cuh`
-//! prepended): the source registration, the argument block, grid sizes, lazy loading by
-//! name and the one launch path every kernel goes through (so that launch attributes, such
+//! prepended): the source registration, the argument block, grid sizes, every function
+//! loaded up front, and the one launch path every kernel goes through (so that launch attributes, such
 //! as programmatic dependent launch, are set in one place).
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -11,7 +10,7 @@ use std::sync::Arc;
 use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result};
 use comm_core::cuda::stream::cu_stream;
 use comm_core::cuda::{KernelCache, KernelSource, driver_error};
-use comm_core::{DType, RawStream, ReduceOp, Result};
+use comm_core::{DType, Error, RawStream, ReduceOp, Result};
 
 use crate::algorithm::Algorithm;
 use crate::layout::MAX_BLOCKS;
@@ -104,32 +103,63 @@ pub(crate) fn all_reduce_work(
     }
 }
 
-/// The module of one context and its functions, looked up at first use.
+/// Every kernel of [`COLLECTIVES`], by name.
+fn every_kernel_name() -> Vec<String> {
+    let mut names: Vec<String> = [
+        "peer_all_gather",
+        "peer_broadcast",
+        "peer_fused_rmsnorm_push",
+        "peer_fused_rmsnorm_pull",
+        "peer_barrier_kernel",
+        "peer_put_signal_kernel",
+        "peer_wait_signal_kernel",
+    ]
+    .map(String::from)
+    .to_vec();
+    for dtype in DTYPES {
+        for op in OPS {
+            for algorithm in Algorithm::ALL {
+                names.push(all_reduce_kernel(algorithm, dtype, op));
+            }
+            names.push(reduce_scatter_kernel(dtype, op));
+        }
+    }
+    names
+}
+
+/// The module of one context and every function of it.
 #[derive(Debug)]
 pub(crate) struct Kernels {
     ctx: Arc<CudaContext>,
-    functions: RefCell<HashMap<String, CudaFunction>>,
+    functions: HashMap<String, CudaFunction>,
 }
 
 impl Kernels {
-    /// Compiles (or finds in the cache) and loads the module.
+    /// Compiles (or finds in the cache) and loads the module and every function of it.
+    ///
+    /// All of them now, not at first use: under CUDA's lazy loading, getting a function
+    /// loads it and may wait for the whole context, and a rank that did so while a peer's
+    /// kernel spins on the same device waiting for this rank would never return.
     pub(crate) fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
-        KernelCache::global().module(ctx, &COLLECTIVES)?;
+        let cache = KernelCache::global();
+        let functions = every_kernel_name()
+            .into_iter()
+            .map(|name| {
+                let f = cache.function(ctx, &COLLECTIVES, &name)?;
+                Ok((name, f))
+            })
+            .collect::<Result<_>>()?;
         Ok(Kernels {
             ctx: ctx.clone(),
-            functions: RefCell::new(HashMap::new()),
+            functions,
         })
     }
 
-    fn function(&self, name: &str) -> Result<CudaFunction> {
-        if let Some(f) = self.functions.borrow().get(name) {
-            return Ok(f.clone());
-        }
-        let f = KernelCache::global().function(&self.ctx, &COLLECTIVES, name)?;
-        self.functions
-            .borrow_mut()
-            .insert(name.to_string(), f.clone());
-        Ok(f)
+    fn function(&self, name: &str) -> Result<&CudaFunction> {
+        self.functions.get(name).ok_or_else(|| Error::Backend {
+            backend: "cuda",
+            source: format!("peer memory: no kernel named {name}").into(),
+        })
     }
 
     /// Enqueues kernel `name` on `stream` with `(blocks, threads)`.
@@ -180,6 +210,18 @@ mod tests {
         assert_eq!(g(Algorithm::TwoshotPull, 21504), 1);
         assert_eq!(g(Algorithm::TwoshotPush, 32 << 20), 16);
         assert_eq!(blocks(1 << 30, 512, 1000), MAX_BLOCKS);
+    }
+
+    #[test]
+    fn every_loaded_name_is_a_kernel_of_the_source() {
+        let names = every_kernel_name();
+        assert_eq!(names.len(), 7 + 3 * 4 * 5);
+        for n in names
+            .iter()
+            .filter(|n| !n.contains("_f32_") && !n.contains("_f16_") && !n.contains("_bf16_"))
+        {
+            assert!(COLLECTIVES.source.contains(&format!("{n}(")), "{n}");
+        }
     }
 
     #[test]

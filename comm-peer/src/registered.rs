@@ -1,17 +1,18 @@
 //! [`Registered`]: device memory that every rank can address through CUDA IPC.
 //!
 //! Each rank allocates with `cuMemAlloc` (pool memory cannot be exported), and the ranks
-//! exchange `(pid, address, IPC handle, device UUID)` through the bootstrap. A peer in
-//! another process is opened with `cuIpcOpenMemHandle` (lazy peer access) and closed on
-//! drop; a peer in this process (in-process ranks) is addressed directly, since a process
-//! cannot open its own handles. Both steps end with an exchange of verdicts, so that a rank
+//! exchange `(pid, address, IPC handle, device UUID, ordinal)` through the bootstrap. A peer
+//! in another process is opened with `cuIpcOpenMemHandle` (lazy peer access) and closed on
+//! drop; a peer in this process (virtual ranks on one device, or one thread per GPU) is
+//! addressed directly, since a process cannot open its own handles; for another device of
+//! this process, peer access is enabled first. Both steps end with an exchange of verdicts, so that a rank
 //! that fails makes every rank fail instead of leaving them waiting. comm-ipc builds its
 //! regions and zero-copy buffers from this, comm-symm its heap where VMM is missing.
 
 use std::sync::Arc;
 
-use comm_core::cuda::DeviceBuffer;
 use comm_core::cuda::cudarc::driver::{CudaContext, sys};
+use comm_core::cuda::{DeviceBuffer, enable_peer_access};
 use comm_core::{Bootstrap, Error, Result};
 
 use crate::source::{PeerSource, device_table, sharing, uuid};
@@ -30,7 +31,8 @@ pub struct Registered {
     sharing: usize,
 }
 
-const MSG_BYTES: usize = 1 + 4 + 8 + 64 + 16;
+/// Verdict, pid, address, IPC handle, device UUID, device ordinal.
+const MSG_BYTES: usize = 1 + 4 + 8 + 64 + 16 + 4;
 
 impl Registered {
     /// Collective: allocates `bytes` on every rank, runs `init` on this rank's memory
@@ -51,6 +53,7 @@ impl Registered {
                 m.extend_from_slice(&buf.device_ptr().to_le_bytes());
                 m.extend_from_slice(handle);
                 m.extend_from_slice(&uuid(ctx));
+                m.extend_from_slice(&(ctx.ordinal() as u32).to_le_bytes());
                 m
             }
             Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
@@ -81,11 +84,12 @@ impl Registered {
             let peer_pid = u32::from_le_bytes(m[1..5].try_into().unwrap());
             let addr = u64::from_le_bytes(m[5..13].try_into().unwrap());
             if rank == me || peer_pid == pid {
-                if rank != me && m[77..93] != uuid(ctx) {
-                    if let Err(e) = enable_peer_access(ctx, &m[77..93]) {
-                        failure = Some(format!("peer access to rank {rank}'s device: {e}"));
-                        break;
-                    }
+                // A rank of this process on another device: its address is valid here
+                // (one address space), but only reachable with peer access enabled.
+                let peer_device = u32::from_le_bytes(m[93..97].try_into().unwrap()) as usize;
+                if let Err(e) = enable_peer_access(ctx, peer_device) {
+                    failure = Some(format!("reaching rank {rank}'s device: {e}"));
+                    break;
                 }
                 registered.ptrs.push(addr);
                 continue;
@@ -154,32 +158,6 @@ impl Registered {
     pub fn buffer_mut(&mut self) -> &mut DeviceBuffer {
         &mut self.buf
     }
-}
-
-/// Lets `ctx` address memory of the device with `peer_uuid` (an in-process peer on another
-/// GPU: IPC handles, which would do this, cannot be opened in the process that made them).
-fn enable_peer_access(ctx: &Arc<CudaContext>, peer_uuid: &[u8]) -> Result<()> {
-    let count = comm_core::cuda::device_count()?;
-    for ordinal in 0..count {
-        let peer = CudaContext::new(ordinal).map_err(comm_core::cuda::driver_error)?;
-        if uuid(&peer) != peer_uuid {
-            continue;
-        }
-        ctx.bind_to_thread()
-            .map_err(comm_core::cuda::driver_error)?;
-        // SAFETY: both contexts are live primary contexts; enabling twice is reported as
-        // PEER_ACCESS_ALREADY_ENABLED, which is what we want.
-        let r = unsafe { sys::cuCtxEnablePeerAccess(peer.cu_ctx(), 0) };
-        return match r {
-            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
-                Ok(())
-            }
-            e => Err(comm_core::cuda::driver_error(e.result().unwrap_err())),
-        };
-    }
-    Err(Error::Bootstrap(
-        "no device of this process has the peer's UUID".into(),
-    ))
 }
 
 impl PeerSource for Registered {

@@ -193,7 +193,7 @@ fn create_symm_cuda(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
 
 fn create_nccl(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
     Ok(Box::new(comm_nccl::NcclComm::from_bootstrap(
-        &**ctx.bootstrap(),
+        ctx.bootstrap().clone(),
     )?))
 }
 
