@@ -1,6 +1,6 @@
 //! `IpcComm` with in-process ranks (threads bootstrap, one device): the clean-failure
 //! path runs everywhere; the conformance suite per algorithm needs a GPU (`--include-ignored`
-//! on a machine with one). The multi-process checks are the `ipc_check` example under mpirun.
+//! on a machine with one). The multi-process checks are `gpu-check --backend ipc` (comm-examples) under mpirun.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -41,10 +41,10 @@ pub fn pattern(backend: &str, algorithm: Option<&str>) -> Option<Pattern> {
     use Pattern::*;
     match (backend, algorithm) {
         ("nccl", _) | ("mpi", _) => Some(Ring),
-        ("ipc", Some("oneshot-pull")) | ("symm", Some("oneshot")) => Some(OneShotPull),
-        ("ipc", Some("twoshot-pull")) | ("symm", Some("twoshot")) => Some(TwoShotPull),
-        ("ipc", Some("oneshot-push")) | ("symm", Some("lamport")) => Some(OneShotPush),
-        ("ipc", Some("twoshot-push")) => Some(TwoShotPush),
+        ("ipc" | "symm", Some("oneshot-pull")) | ("symm", Some("oneshot")) => Some(OneShotPull),
+        ("ipc" | "symm", Some("twoshot-pull")) | ("symm", Some("twoshot")) => Some(TwoShotPull),
+        ("ipc" | "symm", Some("oneshot-push")) | ("symm", Some("lamport")) => Some(OneShotPush),
+        ("ipc" | "symm", Some("twoshot-push")) => Some(TwoShotPush),
         ("local", None) => Some(HostThreads),
         ("bootstrap", None) => Some(GatherAll),
         _ => None,

@@ -1,4 +1,4 @@
-//! Passing file descriptors between the local ranks of a job (SCM_RIGHTS).
+//! Passing file descriptors between the local ranks of a job (SCM_RIGHTS, through rustix).
 //!
 //! Each rank listens on an abstract Unix socket (Linux: no file on disk, nothing left
 //! behind) whose name carries a token that rank 0 broadcasts through the bootstrap. Every
@@ -6,14 +6,18 @@
 //! queues the message until the peer accepts, so the all-to-all cannot deadlock. Every
 //! wait is bounded by the bootstrap's timeout.
 
-use std::io;
-use std::mem::size_of;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
 use comm_core::{Bootstrap, Error, Result};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, recvmsg, sendmsg,
+};
 
 /// Sends `mine` to every local rank and returns every rank's descriptor, indexed by rank
 /// (this rank's own entry is a duplicate of `mine`). All ranks must be on this node.
@@ -93,85 +97,73 @@ fn accept_until(
 
 fn send_fd(stream: &UnixStream, fd: BorrowedFd<'_>, rank: u32) -> Result<()> {
     let payload = rank.to_le_bytes();
-    let mut iov = libc::iovec {
-        iov_base: payload.as_ptr() as *mut libc::c_void,
-        iov_len: payload.len(),
-    };
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: an all-zero msghdr is valid; the fields set below point at live buffers.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = space as _;
-    // SAFETY: `control` has room for one cmsg carrying one int (CMSG_SPACE above), so the
-    // first header and its data lie inside it.
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<libc::c_int>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut libc::c_int, fd.as_raw_fd());
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd];
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(Error::Bootstrap(
+            "fd passing: no room for the descriptor".into(),
+        ));
     }
-    // SAFETY: `msg` and everything it points to are valid for the call.
-    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if sent != payload.len() as isize {
-        return Err(io::Error::last_os_error().into());
+    let sent = sendmsg(
+        stream,
+        &[IoSlice::new(&payload)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )
+    .map_err(io::Error::from)?;
+    if sent != payload.len() {
+        return Err(Error::Bootstrap(format!(
+            "fd passing: short send ({sent} bytes)"
+        )));
     }
     Ok(())
 }
 
 fn recv_fd(stream: &UnixStream) -> Result<(OwnedFd, u32)> {
     let mut payload = [0u8; 4];
-    let mut iov = libc::iovec {
-        iov_base: payload.as_mut_ptr() as *mut libc::c_void,
-        iov_len: payload.len(),
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = match recvmsg(
+        stream,
+        &mut [IoSliceMut::new(&mut payload)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    ) {
+        Ok(got) => got.bytes,
+        Err(e) => {
+            let e = io::Error::from(e);
+            return Err(if e.kind() == io::ErrorKind::WouldBlock {
+                Error::Timeout {
+                    what: "a peer's file descriptor message".into(),
+                    after: stream.read_timeout()?.unwrap_or_default(),
+                }
+            } else {
+                e.into()
+            });
+        }
     };
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: an all-zero msghdr is valid; the fields set below point at live buffers.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = space as _;
-    // SAFETY: `msg` points at live buffers of the stated sizes.
-    let got = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if got < 0 {
-        let e = io::Error::last_os_error();
-        return Err(if e.kind() == io::ErrorKind::WouldBlock {
-            Error::Timeout {
-                what: "a peer's file descriptor message".into(),
-                after: stream.read_timeout()?.unwrap_or_default(),
-            }
-        } else {
-            e.into()
-        });
-    }
-    if got as usize != payload.len() {
+    // Every descriptor that arrived is owned (and closed) here, wanted or not.
+    let mut fds: Vec<OwnedFd> = control
+        .drain()
+        .filter_map(|msg| match msg {
+            RecvAncillaryMessage::ScmRights(fds) => Some(fds),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    if got != payload.len() {
         return Err(Error::Bootstrap(format!(
             "fd passing: short message ({got} bytes)"
         )));
     }
-    // SAFETY: the kernel filled `control` up to msg_controllen; CMSG_FIRSTHDR checks bounds.
-    let fd = unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        if cmsg.is_null()
-            || (*cmsg).cmsg_level != libc::SOL_SOCKET
-            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
-        {
-            return Err(Error::Bootstrap(
-                "fd passing: message carried no descriptor".into(),
-            ));
-        }
-        std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const libc::c_int)
-    };
-    // SAFETY: SCM_RIGHTS installed a new descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    Ok((fd, u32::from_le_bytes(payload)))
+    if fds.len() != 1 {
+        return Err(Error::Bootstrap(format!(
+            "fd passing: message carried {} descriptors, not one",
+            fds.len()
+        )));
+    }
+    Ok((fds.remove(0), u32::from_le_bytes(payload)))
 }
 
 fn random_token() -> u64 {

@@ -66,9 +66,19 @@ impl SymmComm {
         }
     }
 
-    /// Chooses the all-reduce algorithm (every rank must choose the same).
+    /// Chooses the all-reduce algorithm (every rank must choose the same). On the device,
+    /// `oneshot`/`twoshot` are the pull algorithms and `lamport` is one-shot push.
     pub fn use_algorithm(&self, algorithm: Algorithm) {
-        each!(self, c => c.use_algorithm(algorithm))
+        match self {
+            SymmComm::Host(c) => c.use_algorithm(algorithm),
+            #[cfg(feature = "cuda")]
+            SymmComm::Cuda(c) => c.use_algorithm(match algorithm {
+                Algorithm::OneShot => Some(crate::cuda::Algorithm::OneshotPull),
+                Algorithm::TwoShot => Some(crate::cuda::Algorithm::TwoshotPull),
+                Algorithm::Lamport => Some(crate::cuda::Algorithm::OneshotPush),
+                _ => None,
+            }),
+        }
     }
 
     /// Sets the bound on waits for peers.

@@ -1,7 +1,7 @@
 //! In-process tests of the CUDA backing: joining an absent device fails with an error (no
 //! panic, on every machine); on a GPU (`--include-ignored`) the conformance suite runs on
 //! ranks that are threads of this process, spread over the GPUs. The multi-process checks
-//! are `examples/symm_check.rs`.
+//! are `gpu-check --backend symm-cuda` (comm-examples).
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
@@ -13,11 +13,10 @@ use comm_core::{Bootstrap, Error, ThreadsBootstrap};
 use comm_symm::cuda::{CudaSymmComm, CudaSymmConfig};
 
 fn config() -> CudaSymmConfig {
-    CudaSymmConfig {
-        max_bytes: 1 << 20,
-        timeout: Some(Duration::from_secs(20)),
-        ..CudaSymmConfig::default()
-    }
+    let mut c = CudaSymmConfig::default();
+    c.peer.max_bytes = 1 << 20;
+    c.peer.timeout = Some(Duration::from_secs(20));
+    c
 }
 
 fn on_ranks<T: Send + 'static>(n: usize, f: fn(Arc<dyn Bootstrap>) -> T) -> Vec<T> {

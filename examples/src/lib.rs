@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod backends;
+pub mod gpu;
 pub mod launch;
 pub mod perf;
 pub mod step;
@@ -24,11 +25,10 @@ use comm_core::cuda::KernelSource;
 
 /// Every kernel source of the workspace, with the crate it belongs to.
 pub fn all_kernel_sources() -> Vec<(&'static str, KernelSource)> {
-    let lists: [(&str, &[KernelSource]); 5] = [
+    let lists: [(&str, &[KernelSource]); 4] = [
         ("comm-core", comm_core::cuda::kernels::KERNELS),
         ("comm-nccl", comm_nccl::KERNELS),
-        ("comm-ipc", comm_ipc::KERNELS),
-        ("comm-symm", comm_symm::cuda::KERNELS),
+        ("comm-peer", comm_peer::KERNELS),
         ("comm-examples", &[step::gpu::STEP_CHAIN]),
     ];
     lists

@@ -1,5 +1,5 @@
-//! Device memory that other local processes can map: one rank's segment and the mappings
-//! of its peers' segments.
+//! VMM device memory that other local processes can map: one rank's segment and the
+//! mappings of its peers' segments.
 //!
 //! VMM (preferred): `cuMemCreate` with a POSIX file-descriptor handle type, sized to the
 //! allocation granularity; `cuMemExportToShareableHandle` gives a descriptor that travels
@@ -8,10 +8,8 @@
 //! descriptor is closed once imported; the physical memory lives until the last mapping
 //! of it is gone, so a rank may free its own segment while peers still hold theirs.
 //!
-//! Legacy CUDA IPC (where VMM or descriptor handles are missing): `cuMemAlloc` plus
-//! `cuIpcGetMemHandle`, opened by peers in other processes with `cuIpcOpenMemHandle`
-//! (a peer in this process uses the address directly: a process cannot open its own
-//! handles).
+//! Legacy CUDA IPC (where VMM or descriptor handles are missing) is the peer-memory
+//! layer's own registration (`comm_peer::Registered`).
 //!
 //! Every driver call is checked; every resource is released on drop, and a half-built
 //! value releases what it already holds.
@@ -20,7 +18,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use comm_core::cuda::cudarc::driver::{CudaContext, sys};
-use comm_core::cuda::{DeviceBuffer, driver_error};
+use comm_core::cuda::driver_error;
 use comm_core::{Error, Result};
 
 /// Checks one raw driver call, naming it in the error.
@@ -207,90 +205,5 @@ impl Drop for VmmMapping {
         // SAFETY: created or imported once, released once (the memory itself goes when
         // the last mapping and handle of it are gone, in any process).
         let _ = unsafe { sys::cuMemRelease(self.handle) };
-    }
-}
-
-/// A peer's legacy IPC allocation opened in this process, closed on drop.
-#[derive(Debug)]
-pub(crate) struct IpcMapping {
-    ctx: Arc<CudaContext>,
-    ptr: u64,
-}
-
-impl IpcMapping {
-    /// Opens a handle exported by another process of this node.
-    pub(crate) fn open(ctx: &Arc<CudaContext>, handle: &[u8; 64]) -> Result<Self> {
-        ctx.bind_to_thread().map_err(driver_error)?;
-        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
-        for (dst, &src) in h.reserved.iter_mut().zip(handle) {
-            *dst = src as _;
-        }
-        let mut ptr = 0;
-        // SAFETY: a handle from `cuIpcGetMemHandle` of another process; closed on drop.
-        let r = unsafe {
-            sys::cuIpcOpenMemHandle_v2(
-                &mut ptr,
-                h,
-                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
-            )
-        };
-        cu(r, "cuIpcOpenMemHandle")?;
-        Ok(IpcMapping {
-            ctx: ctx.clone(),
-            ptr,
-        })
-    }
-
-    /// Start of the mapping in this process.
-    pub(crate) fn ptr(&self) -> u64 {
-        self.ptr
-    }
-}
-
-impl Drop for IpcMapping {
-    fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: opened by `open`, closed once.
-            let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
-        }
-    }
-}
-
-/// This rank's own segment.
-#[derive(Debug)]
-pub(crate) enum Own {
-    /// VMM memory, mapped here.
-    Vmm(VmmMapping),
-    /// `cuMemAlloc` memory.
-    Legacy(DeviceBuffer),
-}
-
-impl Own {
-    pub(crate) fn ptr(&self) -> u64 {
-        match self {
-            Own::Vmm(m) => m.ptr(),
-            Own::Legacy(b) => b.device_ptr(),
-        }
-    }
-}
-
-/// A peer's segment as mapped here.
-#[derive(Debug)]
-pub(crate) enum Peer {
-    /// Imported VMM memory.
-    Vmm(VmmMapping),
-    /// An opened IPC handle.
-    Ipc(IpcMapping),
-    /// A peer of this process: its address as it is.
-    Direct(u64),
-}
-
-impl Peer {
-    pub(crate) fn ptr(&self) -> u64 {
-        match self {
-            Peer::Vmm(m) => m.ptr(),
-            Peer::Ipc(m) => m.ptr(),
-            Peer::Direct(p) => *p,
-        }
     }
 }

@@ -1,32 +1,32 @@
-//! [`Registered`]: device memory that every rank can address.
+//! [`Registered`]: device memory that every rank can address through CUDA IPC.
 //!
 //! Each rank allocates with `cuMemAlloc` (pool memory cannot be exported), and the ranks
-//! exchange `(pid, address, IPC handle)` through the bootstrap. A peer in another process
-//! is opened with `cuIpcOpenMemHandle` (lazy peer access) and closed on drop; a peer in
-//! this process (virtual ranks on one device, or one thread per GPU) is addressed directly,
-//! since a process cannot open its own handles; for another device of this process, peer
-//! access is enabled first. The table of every rank's address, as mapped here, is copied to
-//! the device for the kernels. Both steps end with an exchange of verdicts, so that a
-//! rank that fails makes every rank fail instead of leaving them waiting.
+//! exchange `(pid, address, IPC handle, device UUID, ordinal)` through the bootstrap. A peer
+//! in another process is opened with `cuIpcOpenMemHandle` (lazy peer access) and closed on
+//! drop; a peer in this process (virtual ranks on one device, or one thread per GPU) is
+//! addressed directly, since a process cannot open its own handles; for another device of
+//! this process, peer access is enabled first. Both steps end with an exchange of verdicts, so that a rank
+//! that fails makes every rank fail instead of leaving them waiting. comm-ipc builds its
+//! regions and zero-copy buffers from this, comm-symm its heap where VMM is missing.
 
 use std::sync::Arc;
 
 use comm_core::cuda::cudarc::driver::{CudaContext, sys};
-use comm_core::cuda::{DeviceBuffer, driver_error, enable_peer_access};
+use comm_core::cuda::{DeviceBuffer, enable_peer_access};
 use comm_core::{Bootstrap, Error, Result};
 
-use crate::layout::MAX_RANKS;
+use crate::source::{PeerSource, device_table, sharing, uuid};
 
 /// One allocation per rank, every rank's address known here.
 #[derive(Debug)]
-pub(crate) struct Registered {
+pub struct Registered {
     buf: DeviceBuffer,
     /// Every rank's address (base of its allocation) in this process.
     ptrs: Vec<u64>,
     /// Peers' allocations opened through IPC, closed on drop.
     opened: Vec<u64>,
-    /// `ptrs` on the device, padded to [`MAX_RANKS`] (the kernels' `IpcTable`).
-    table: DeviceBuffer,
+    /// `ptrs` on the device.
+    table: Option<DeviceBuffer>,
     /// Most ranks that share one device (any device), the same on every rank.
     sharing: usize,
 }
@@ -38,7 +38,7 @@ impl Registered {
     /// Collective: allocates `bytes` on every rank, runs `init` on this rank's memory
     /// (it must have finished when it returns: peers may write as soon as this returns)
     /// and maps every rank's allocation here.
-    pub(crate) fn new(
+    pub fn new(
         ctx: &Arc<CudaContext>,
         bootstrap: &dyn Bootstrap,
         bytes: usize,
@@ -46,27 +46,27 @@ impl Registered {
     ) -> Result<Self> {
         let local = Self::prepare(ctx, bytes, init);
         let msg = match &local {
-            Ok((buf, handle, uuid)) => {
+            Ok((buf, handle)) => {
                 let mut m = Vec::with_capacity(MSG_BYTES);
                 m.push(1u8);
                 m.extend_from_slice(&std::process::id().to_le_bytes());
                 m.extend_from_slice(&buf.device_ptr().to_le_bytes());
                 m.extend_from_slice(handle);
-                m.extend_from_slice(uuid);
+                m.extend_from_slice(&uuid(ctx));
                 m.extend_from_slice(&(ctx.ordinal() as u32).to_le_bytes());
                 m
             }
             Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
         };
         let all = bootstrap.all_gather_bytes(&msg)?;
-        let (buf, _, _) = local?;
+        let (buf, _) = local?;
         if let Some((rank, m)) = all
             .iter()
             .enumerate()
             .find(|(_, m)| m.first() != Some(&1) || m.len() != MSG_BYTES)
         {
             return Err(Error::Bootstrap(format!(
-                "rank {rank} could not register its ipc buffer: {}",
+                "rank {rank} could not register its peer buffer: {}",
                 String::from_utf8_lossy(m.get(1..).unwrap_or_default())
             )));
         }
@@ -75,8 +75,8 @@ impl Registered {
         let mut registered = Registered {
             ptrs: Vec::with_capacity(all.len()),
             opened: Vec::new(),
-            table: DeviceBuffer::alloc(ctx, MAX_RANKS * 8)?,
-            sharing: sharing(&all),
+            table: None,
+            sharing: sharing(all.iter().map(|m| &m[77..93])),
             buf,
         };
         let mut failure = None;
@@ -121,16 +121,9 @@ impl Registered {
             }
         }
         if failure.is_none() {
-            let mut table = [0u64; MAX_RANKS];
-            table[..registered.ptrs.len().min(MAX_RANKS)]
-                .copy_from_slice(&registered.ptrs[..registered.ptrs.len().min(MAX_RANKS)]);
-            let stream = ctx.default_stream();
-            if let Err(e) =
-                registered
-                    .table
-                    .upload_bytes(&stream, 0, &table.map(u64::to_le_bytes).concat())
-            {
-                failure = Some(e.to_string());
+            match device_table(ctx, &registered.ptrs) {
+                Ok(t) => registered.table = Some(t),
+                Err(e) => failure = Some(e.to_string()),
             }
         }
         // Everyone must know whether everyone could map everyone.
@@ -138,7 +131,7 @@ impl Registered {
         let verdicts = bootstrap.all_gather_bytes(verdict)?;
         if let Some((rank, why)) = verdicts.iter().enumerate().find(|(_, v)| !v.is_empty()) {
             return Err(Error::Bootstrap(format!(
-                "rank {rank} could not map the ipc buffers: {}",
+                "rank {rank} could not map the peer buffers: {}",
                 String::from_utf8_lossy(why)
             )));
         }
@@ -149,43 +142,36 @@ impl Registered {
         ctx: &Arc<CudaContext>,
         bytes: usize,
         init: impl FnOnce(&mut DeviceBuffer) -> Result<()>,
-    ) -> Result<(DeviceBuffer, [u8; 64], [u8; 16])> {
+    ) -> Result<(DeviceBuffer, [u8; 64])> {
         let mut buf = DeviceBuffer::alloc(ctx, bytes)?;
         init(&mut buf)?;
         let handle = buf.ipc_handle()?;
-        let uuid = ctx.uuid().map_err(driver_error)?;
-        Ok((buf, handle, uuid.bytes.map(|b| b as u8)))
+        Ok((buf, handle))
     }
 
     /// This rank's allocation.
-    pub(crate) fn buffer(&self) -> &DeviceBuffer {
+    pub fn buffer(&self) -> &DeviceBuffer {
         &self.buf
     }
 
     /// This rank's allocation, writable.
-    pub(crate) fn buffer_mut(&mut self) -> &mut DeviceBuffer {
+    pub fn buffer_mut(&mut self) -> &mut DeviceBuffer {
         &mut self.buf
-    }
-
-    /// The device table of every rank's address.
-    pub(crate) fn table(&self) -> u64 {
-        self.table.device_ptr()
-    }
-
-    /// Most ranks that share one device.
-    pub(crate) fn sharing(&self) -> usize {
-        self.sharing
     }
 }
 
-/// Most ranks with the same device UUID.
-fn sharing(all: &[Vec<u8>]) -> usize {
-    let uuids: Vec<&[u8]> = all.iter().map(|m| &m[77..93]).collect();
-    uuids
-        .iter()
-        .map(|u| uuids.iter().filter(|v| *v == u).count())
-        .max()
-        .unwrap_or(1)
+impl PeerSource for Registered {
+    fn ptrs(&self) -> &[u64] {
+        &self.ptrs
+    }
+
+    fn table(&self) -> u64 {
+        self.table.as_ref().map_or(0, DeviceBuffer::device_ptr)
+    }
+
+    fn sharing(&self) -> usize {
+        self.sharing
+    }
 }
 
 impl Drop for Registered {

@@ -1,6 +1,7 @@
 //! The error record kernels write when a spin-wait gives up: four words of host-mapped
 //! memory (`cuMemHostAlloc` with `DEVICEMAP`), readable by the host at any time without
-//! synchronising, even while the kernel that wrote it is still winding down.
+//! synchronising, even while the kernel that wrote it is still winding down. Later kinds of
+//! failure (a peer's call descriptor that differs) get new codes here and in the kernels.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,10 +10,11 @@ use comm_core::cuda::cudarc::driver::{CudaContext, sys};
 use comm_core::cuda::driver_error;
 use comm_core::{Error, Result};
 
-/// Codes of word 0 (the kernel's `IPC_TIMEOUT_*`).
+/// Codes of word 0 (the kernels' `PEER_*`).
 const OK: u32 = 0;
 const TIMEOUT_BARRIER: u32 = 1;
-const TIMEOUT_PUSH: u32 = 2;
+const TIMEOUT_LAMPORT: u32 = 2;
+const TIMEOUT_SIGNAL: u32 = 3;
 
 /// Host-mapped `[code, rank, phase, peer]`.
 #[derive(Debug)]
@@ -25,6 +27,8 @@ pub(crate) struct Status {
 // SAFETY: the pointer is pinned host memory owned by this value; it is read and written
 // with volatile accesses only, and freed once, on drop.
 unsafe impl Send for Status {}
+// SAFETY: as above; concurrent volatile reads of words the device writes are benign.
+unsafe impl Sync for Status {}
 
 impl Status {
     pub(crate) fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
@@ -57,19 +61,23 @@ impl Status {
 
     /// `Err(Timeout)` once a kernel has recorded a failure.
     pub(crate) fn check(&self, timeout: Duration) -> Result<()> {
-        // SAFETY: four words of our allocation; the kernel writes word 0 last.
+        // SAFETY: four words of our allocation; kernels write word 0 last.
         let w: [u32; 4] = std::array::from_fn(|i| unsafe { self.host.add(i).read_volatile() });
         let what = match w[0] {
             OK => return Ok(()),
             TIMEOUT_BARRIER => format!(
-                "rank {} at barrier {} of an ipc all-reduce: rank {} never arrived",
+                "rank {} at barrier {} of a peer-memory collective: rank {} never arrived",
                 w[1], w[2], w[3]
             ),
-            TIMEOUT_PUSH => format!(
-                "rank {} in step {} of a push all-reduce: data of rank {} never arrived",
+            TIMEOUT_LAMPORT => format!(
+                "rank {} in step {} of a push (Lamport) exchange: data of rank {} never arrived",
                 w[1], w[2], w[3]
             ),
-            code => format!("an ipc kernel reported unknown failure {code}"),
+            TIMEOUT_SIGNAL => format!(
+                "rank {} waiting for a signal of rank {} on channel {}",
+                w[1], w[3], w[2]
+            ),
+            code => format!("a peer-memory kernel reported unknown failure {code}"),
         };
         Err(Error::Timeout {
             what,
@@ -83,6 +91,22 @@ impl Drop for Status {
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: allocated by cuMemHostAlloc, freed once.
             let _ = unsafe { sys::cuMemFreeHost(self.host.cast()) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn codes_match_the_kernel_header() {
+        let h = include_str!("../kernels/peer_sync.cuh");
+        for (name, v) in [
+            ("PEER_OK", super::OK),
+            ("PEER_TIMEOUT_BARRIER", super::TIMEOUT_BARRIER),
+            ("PEER_TIMEOUT_LAMPORT", super::TIMEOUT_LAMPORT),
+            ("PEER_TIMEOUT_SIGNAL", super::TIMEOUT_SIGNAL),
+        ] {
+            assert!(h.contains(&format!("#define {name} {v}\n")), "{name}");
         }
     }
 }

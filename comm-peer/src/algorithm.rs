@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use comm_core::{Error, Result};
 
-/// One all-reduce algorithm of [`IpcComm`](crate::IpcComm).
+/// One all-reduce algorithm over peer memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum Algorithm {
@@ -33,14 +33,17 @@ impl Algorithm {
         Algorithm::TwoshotPush,
     ];
 
+    /// Every name [`Algorithm::ALL`] goes by, in the same order.
+    pub const NAMES: [&'static str; 4] = [
+        "oneshot-pull",
+        "twoshot-pull",
+        "oneshot-push",
+        "twoshot-push",
+    ];
+
     /// The name users and `comm-select` pass (`oneshot-pull`, ...).
     pub const fn name(self) -> &'static str {
-        match self {
-            Algorithm::OneshotPull => "oneshot-pull",
-            Algorithm::TwoshotPull => "twoshot-pull",
-            Algorithm::OneshotPush => "oneshot-push",
-            Algorithm::TwoshotPush => "twoshot-push",
-        }
+        Self::NAMES[self as usize]
     }
 
     /// The kernel-name stem (`oneshot_pull`, ...).
@@ -77,6 +80,15 @@ impl Algorithm {
     pub const fn is_push(self) -> bool {
         matches!(self, Algorithm::OneshotPush | Algorithm::TwoshotPush)
     }
+
+    /// The pull algorithm of the same shape (for push messages too big for the mailboxes).
+    pub const fn pull(self) -> Algorithm {
+        match self {
+            Algorithm::OneshotPush => Algorithm::OneshotPull,
+            Algorithm::TwoshotPush => Algorithm::TwoshotPull,
+            other => other,
+        }
+    }
 }
 
 impl fmt::Display for Algorithm {
@@ -88,18 +100,22 @@ impl fmt::Display for Algorithm {
 impl FromStr for Algorithm {
     type Err = Error;
 
+    /// Accepts the names, any case, `_` for `-`, and the older short names `oneshot`,
+    /// `twoshot` (pull) and `lamport` (one-shot push).
     fn from_str(s: &str) -> Result<Self> {
         let wanted = s.trim().to_ascii_lowercase().replace('_', "-");
-        Algorithm::ALL
-            .into_iter()
-            .find(|a| a.name() == wanted)
-            .ok_or_else(|| {
-                let known: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
-                Error::InvalidArgument(format!(
-                    "unknown ipc algorithm `{s}` (known: {}, or auto)",
-                    known.join(", ")
-                ))
-            })
+        let found = match wanted.as_str() {
+            "oneshot" | "one-shot" => Some(Algorithm::OneshotPull),
+            "twoshot" | "two-shot" => Some(Algorithm::TwoshotPull),
+            "lamport" => Some(Algorithm::OneshotPush),
+            name => Algorithm::ALL.into_iter().find(|a| a.name() == name),
+        };
+        found.ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "unknown peer-memory algorithm `{s}` (known: {}, or auto)",
+                Algorithm::NAMES.join(", ")
+            ))
+        })
     }
 }
 
@@ -124,6 +140,14 @@ mod tests {
         assert_eq!(
             "TWOSHOT_PUSH".parse::<Algorithm>().unwrap(),
             Algorithm::TwoshotPush
+        );
+        assert_eq!(
+            "lamport".parse::<Algorithm>().unwrap(),
+            Algorithm::OneshotPush
+        );
+        assert_eq!(
+            "oneshot".parse::<Algorithm>().unwrap(),
+            Algorithm::OneshotPull
         );
         let err = "threeshot".parse::<Algorithm>().unwrap_err();
         assert!(err.to_string().contains("oneshot-pull"), "{err}");

@@ -9,6 +9,7 @@ use comm_core::cuda::stream::raw_stream;
 use comm_core::{BufferMut, BufferRef, DType, Error, Result};
 
 use crate::registered::Registered;
+use crate::source::PeerSource;
 
 /// The registered buffers of one communicator: `(base, bytes, device table)`.
 #[derive(Debug, Default)]
@@ -37,23 +38,23 @@ impl Registry {
     }
 }
 
-/// Device memory registered with every rank of an [`IpcComm`](crate::IpcComm), from
-/// [`IpcComm::alloc`](crate::IpcComm::alloc). All-reduces whose input lies in such a buffer
+/// Device memory registered with every rank of an [`PeerComm`](crate::PeerComm), from
+/// [`PeerComm::alloc`](crate::PeerComm::alloc). All-reduces whose input lies in such a buffer
 /// skip the copy into the communicator's region (pull algorithms).
 ///
 /// Drop it on every rank together, after the work that reads it has finished everywhere
 /// (a peer may read this rank's buffer until its own kernel has completed).
 #[derive(Debug)]
-pub struct IpcBuffer {
+pub struct PeerBuffer {
     reg: Registered,
     bytes: usize,
     registry: Arc<Registry>,
 }
 
-impl IpcBuffer {
+impl PeerBuffer {
     pub(crate) fn new(reg: Registered, bytes: usize, registry: Arc<Registry>) -> Self {
         registry.insert(reg.buffer().device_ptr(), bytes, reg.table());
-        IpcBuffer {
+        PeerBuffer {
             reg,
             bytes,
             registry,
@@ -119,14 +120,14 @@ impl IpcBuffer {
         match (len * dtype.size()).checked_add(start) {
             Some(end) if end <= self.bytes => Ok(self.device_ptr() + start as u64),
             _ => Err(Error::InvalidArgument(format!(
-                "elements {offset}+{len} of {dtype} are outside an ipc buffer of {} bytes",
+                "elements {offset}+{len} of {dtype} are outside a peer buffer of {} bytes",
                 self.bytes
             ))),
         }
     }
 }
 
-impl Drop for IpcBuffer {
+impl Drop for PeerBuffer {
     fn drop(&mut self) {
         self.registry.remove(self.device_ptr());
     }

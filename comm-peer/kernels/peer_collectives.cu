@@ -1,0 +1,385 @@
+// peer_collectives.cu: every collective over peer memory, written once for every source of
+// that memory (comm-ipc's registered regions, comm-symm's symmetric heap). peer_io.cuh and
+// peer_sync.cuh are prepended by the crate (comm_peer::kernels).
+//
+// - Every partition is by 16-byte vector index, the same on every rank and in every step,
+//   so the per-block barrier of block b covers everything block b reads next.
+// - Determinism: every element is reduced in rank order 0..n-1 in f32 by exactly one code
+//   path (one-shot: every rank; two-shot: the slice's owner, whose result everyone
+//   copies), so all ranks hold bitwise-identical results.
+// - One kernel per call; everything that changes from call to call lives in PeerState on
+//   the device, so calls can be captured into CUDA graphs and replayed.
+
+// ---------------------------------------------------------------------------------------
+// All-reduce. `nvec` = 16-byte vectors of the message.
+
+// oneshot-pull: (eager) copy the input into this rank's data buffer of this call's parity;
+// barrier; every rank reads every rank's vector and reduces. Eager needs no end barrier:
+// the other parity was last read in the previous call, which every peer finished before
+// it entered this call's barrier. Zero-copy reads the peers' own buffers, so it ends with
+// a barrier before they may be written again.
+template <int DT, int OP> __device__ void peer_oneshot_pull(const PeerArgs& a, const PeerCtx& c, uint64_t nvec) {
+    const bool zc = c.input[0] != nullptr;
+    const uint64_t dbuf = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
+    const bool aligned = a.aligned != 0;
+    if (!zc) {
+        uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + dbuf);
+        peer_copy(
+            nvec, [&](uint64_t v) { return peer_load_user<DT>(a.input, v, a.count, aligned); },
+            [&](uint64_t v, uint4 w) { mine[v] = w; });
+    }
+    if (!peer_barrier(a, c, 0)) return;
+    for (uint64_t v = peer_tid(); v < nvec; v += peer_stride()) {
+        uint4 w[PEER_MAX_RANKS];
+#pragma unroll
+        for (int p = 0; p < PEER_MAX_RANKS; ++p) {
+            if (p < (int)a.world) {
+                w[p] = zc ? peer_load_user<DT>(c.input[p], v, a.count, aligned)
+                          : peer_ld_cg(reinterpret_cast<const uint4*>(c.region[p] + dbuf) + v);
+            }
+        }
+        peer_store_user<DT>(a.output, v, a.count, aligned, peer_reduce<DT, OP>(a, w));
+    }
+    if (zc) peer_barrier(a, c, 1);
+}
+
+// twoshot-pull: (eager) copy; barrier; reduce-scatter (rank r reduces slice r from every
+// rank, into its tmp); barrier; all-gather (every rank copies slice s from rank s's tmp).
+// Inputs are read before the second barrier only, so zero-copy needs no third barrier
+// (and in place is safe).
+template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, const PeerCtx& c, uint64_t nvec) {
+    const bool zc = c.input[0] != nullptr;
+    const uint64_t dbuf = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
+    const bool aligned = a.aligned != 0;
+    const uint64_t S = (nvec + a.world - 1) / a.world;
+    const uint32_t me = a.rank;
+    if (!zc) {
+        uint4* mine = reinterpret_cast<uint4*>(c.region[me] + dbuf);
+        for (uint32_t s = 0; s < a.world; ++s) {
+            const uint64_t first = s * S;
+            const uint64_t n = first >= nvec ? 0 : (nvec - first < S ? nvec - first : S);
+            peer_copy(
+                n, [&](uint64_t i) { return peer_load_user<DT>(a.input, first + i, a.count, aligned); },
+                [&](uint64_t i, uint4 w) { mine[first + i] = w; });
+        }
+    }
+    if (!peer_barrier(a, c, 0)) return;
+    uint4* tmp = reinterpret_cast<uint4*>(c.region[me] + a.off_tmp);
+    for (uint64_t i = peer_tid(); i < S && me * S + i < nvec; i += peer_stride()) {
+        const uint64_t v = me * S + i;
+        uint4 w[PEER_MAX_RANKS];
+#pragma unroll
+        for (int p = 0; p < PEER_MAX_RANKS; ++p) {
+            if (p < (int)a.world) {
+                w[p] = zc ? peer_load_user<DT>(c.input[p], v, a.count, aligned)
+                          : peer_ld_cg(reinterpret_cast<const uint4*>(c.region[p] + dbuf) + v);
+            }
+        }
+        tmp[i] = peer_reduce<DT, OP>(a, w);
+    }
+    if (!peer_barrier(a, c, 1)) return;
+    for (uint32_t k = 0; k < a.world; ++k) {
+        // Start with the next rank's slice, so that the ranks do not all read rank 0 first.
+        const uint32_t s = (me + k) % a.world;
+        const uint4* src = reinterpret_cast<const uint4*>(c.region[s] + a.off_tmp);
+        const uint64_t first = s * S;
+        const uint64_t n = first >= nvec ? 0 : (nvec - first < S ? nvec - first : S);
+        peer_copy(
+            n, [&](uint64_t i) { return peer_ld_cg(src + i); },
+            [&](uint64_t i, uint4 w) { peer_store_user<DT>(a.output, first + i, a.count, aligned, w); });
+    }
+}
+
+// oneshot-push (Lamport): write the input into this rank's slot of every peer's mailbox;
+// then wait for every peer's slot of this rank's mailbox and reduce. No barrier.
+template <int DT, int OP> __device__ void peer_oneshot_push(const PeerArgs& a, const PeerCtx& c, uint64_t nvec) {
+    const bool aligned = a.aligned != 0;
+    const uint64_t slot0 = a.off_push + (uint64_t)(c.seq % 3u) * a.world * a.lcap;
+    for (uint64_t v = peer_tid(); v < nvec; v += peer_stride())
+        peer_push(a, c, slot0, a.lcap, v, peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned)));
+    const char* inbox = c.region[a.rank] + slot0;
+    for (uint64_t v = peer_tid(); v < nvec; v += peer_stride()) {
+        uint4 w[PEER_MAX_RANKS];
+        const uint4 own = peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned));
+        peer_poll<DT>(a, c, inbox, a.lcap, a.rank, own, v, w, 0);
+        if (*c.dead) return;
+        peer_store_user<DT>(a.output, v, a.count, aligned, peer_reduce<DT, OP>(a, w));
+    }
+}
+
+// twoshot-push (Lamport): push slice s of the input into rank s's slice mailbox; reduce
+// this rank's slice from every rank's contribution (rank order); push the result into
+// every peer's result mailbox; wait for the other slices' results.
+template <int DT, int OP> __device__ void peer_twoshot_push(const PeerArgs& a, const PeerCtx& c, uint64_t nvec) {
+    const bool aligned = a.aligned != 0;
+    const uint32_t me = a.rank, buf = c.seq % 3u;
+    const uint64_t S = (nvec + a.world - 1) / a.world;
+    const uint64_t recv0 = a.off_recv + (uint64_t)buf * a.world * a.slice_cap;
+    const uint64_t result0 = a.off_result + (uint64_t)buf * a.lcap;
+    for (uint32_t k = 1; k < a.world; ++k) {
+        const uint32_t s = (me + k) % a.world;
+        uint4* dst = reinterpret_cast<uint4*>(c.region[s] + recv0 + me * a.slice_cap);
+        for (uint64_t i = peer_tid(); i < S && s * S + i < nvec; i += peer_stride())
+            peer_st_volatile(dst + i, peer_sanitize<DT>(peer_load_user<DT>(a.input, s * S + i, a.count, aligned)));
+    }
+    const char* inbox = c.region[me] + recv0;
+    for (uint64_t i = peer_tid(); i < S && me * S + i < nvec; i += peer_stride()) {
+        const uint64_t v = me * S + i;
+        uint4 w[PEER_MAX_RANKS];
+        const uint4 own = peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned));
+        peer_poll<DT>(a, c, inbox, a.slice_cap, me, own, i, w, 0);
+        if (*c.dead) return;
+        const uint4 r = peer_sanitize<DT>(peer_reduce<DT, OP>(a, w));
+        for (uint32_t k = 1; k < a.world; ++k) {
+            const uint32_t p = (me + k) % a.world;
+            peer_st_volatile(reinterpret_cast<uint4*>(c.region[p] + result0) + v, r);
+        }
+        peer_store_user<DT>(a.output, v, a.count, aligned, r);
+    }
+    const char* results = c.region[me] + result0;
+    for (uint32_t k = 1; k < a.world; ++k) {
+        const uint32_t s = (me + k) % a.world;
+        for (uint64_t i = peer_tid(); i < S && s * S + i < nvec; i += peer_stride()) {
+            const uint4 w = peer_poll1<DT>(a, c, reinterpret_cast<const uint4*>(results) + s * S + i, s);
+            if (*c.dead) return;
+            peer_store_user<DT>(a.output, s * S + i, a.count, aligned, w);
+        }
+    }
+}
+
+#define PEER_ONESHOT_PULL 0
+#define PEER_TWOSHOT_PULL 1
+#define PEER_ONESHOT_PUSH 2
+#define PEER_TWOSHOT_PUSH 3
+
+template <int ALGO, int DT, int OP> __device__ void peer_all_reduce(const PeerArgs& a) {
+    PEER_PROLOGUE(a, c)
+    const uint64_t nvec = (a.count + PeerDt<DT>::VEC - 1) / PeerDt<DT>::VEC;
+    const uint64_t S = (nvec + a.world - 1) / a.world;
+    if constexpr (ALGO == PEER_ONESHOT_PULL) peer_oneshot_pull<DT, OP>(a, c, nvec);
+    else if constexpr (ALGO == PEER_TWOSHOT_PULL) peer_twoshot_pull<DT, OP>(a, c, nvec);
+    else if constexpr (ALGO == PEER_ONESHOT_PUSH) peer_oneshot_push<DT, OP>(a, c, nvec);
+    else peer_twoshot_push<DT, OP>(a, c, nvec);
+    peer_epilogue(a, c, ALGO == PEER_ONESHOT_PUSH ? nvec : 0, ALGO == PEER_TWOSHOT_PUSH ? S : 0,
+                  ALGO == PEER_TWOSHOT_PUSH ? nvec : 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// reduce_scatter, all_gather, broadcast: staged through the data buffer of this call's parity.
+
+// reduce_scatter: input holds world x count elements; rank r gets slice r reduced. Staged
+// slice by slice (each slice from a 16-byte boundary), so vector i of every slice is
+// written and read by the same block.
+template <int DT, int OP> __device__ void peer_reduce_scatter(const PeerArgs& a) {
+    PEER_PROLOGUE(a, c)
+    constexpr int VEC = PeerDt<DT>::VEC;
+    const uint64_t svec = (a.count + VEC - 1) / VEC;
+    const uint64_t half = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
+    const uint64_t sbytes = a.count * PeerDt<DT>::SIZE;
+    const bool slices_aligned = a.aligned != 0 && sbytes % 16 == 0;
+    uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + half);
+    for (uint32_t s = 0; s < a.world; ++s) {
+        const char* src = a.input + s * sbytes;
+        peer_copy(
+            svec, [&](uint64_t i) { return peer_load_user<DT>(src, i, a.count, slices_aligned); },
+            [&](uint64_t i, uint4 w) { mine[s * svec + i] = w; });
+    }
+    if (peer_barrier(a, c, 0)) {
+        for (uint64_t i = peer_tid(); i < svec; i += peer_stride())
+            peer_store_user<DT>(a.output, i, a.count, a.aligned != 0,
+                                peer_reduce_staged<DT, OP>(a, c, half, a.rank * svec + i));
+    }
+    peer_epilogue(a, c, 0, 0, 0);
+}
+
+// all_gather (bytes): stage, barrier, copy every rank's staged input to its place.
+extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_all_gather(PeerArgs a) {
+    PEER_PROLOGUE(a, c)
+    const uint64_t bytes = a.count, nvec = (bytes + 15) / 16;
+    const uint64_t half = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
+    uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + half);
+    peer_copy(
+        nvec, [&](uint64_t v) { return peer_load_bytes(a.input, v, bytes, a.aligned != 0); },
+        [&](uint64_t v, uint4 w) { mine[v] = w; });
+    if (peer_barrier(a, c, 0)) {
+        for (uint32_t k = 0; k < a.world; ++k) {
+            const uint32_t p = (a.rank + k) % a.world;
+            const uint4* src = reinterpret_cast<const uint4*>(c.region[p] + half);
+            char* dst = a.output + p * bytes;
+            const bool aligned = a.aligned != 0 && (p * bytes) % 16 == 0;
+            peer_copy(
+                nvec, [&](uint64_t v) { return peer_ld_cg(src + v); },
+                [&](uint64_t v, uint4 w) { peer_store_bytes(dst, v, bytes, aligned, w); });
+        }
+    }
+    peer_epilogue(a, c, 0, 0, 0);
+}
+
+// broadcast (bytes, in place): the root stages, barrier, everyone else copies.
+extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_broadcast(PeerArgs a) {
+    PEER_PROLOGUE(a, c)
+    const uint64_t bytes = a.count, nvec = (bytes + 15) / 16;
+    const uint64_t half = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
+    const bool aligned = a.aligned != 0;
+    if (a.rank == a.root) {
+        uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + half);
+        peer_copy(
+            nvec, [&](uint64_t v) { return peer_load_bytes(a.output, v, bytes, aligned); },
+            [&](uint64_t v, uint4 w) { mine[v] = w; });
+    }
+    if (peer_barrier(a, c, 0) && a.rank != a.root) {
+        const uint4* src = reinterpret_cast<const uint4*>(c.region[a.root] + half);
+        peer_copy(
+            nvec, [&](uint64_t v) { return peer_ld_cg(src + v); },
+            [&](uint64_t v, uint4 w) { peer_store_bytes(a.output, v, bytes, aligned, w); });
+    }
+    peer_epilogue(a, c, 0, 0, 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Fused all-reduce + residual add + RMSNorm, bf16 rows of `hidden` (a multiple of 8;
+// 16-byte aligned buffers): a = allreduce(x) rounded to bf16, residual' = bf16(residual +
+// a) (written back), out = bf16(residual' * rsqrt(mean(residual'^2) + eps) * weight):
+// exactly the unfused pipeline (all-reduce, then fused_add_rms_norm). Rows b, b + grid, ...
+// belong to block b on every rank; the exchange is oneshot-push or oneshot-pull.
+
+__device__ float peer_block_sum(float v) {
+    __shared__ float part[PEER_MAX_THREADS / 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < warps ? part[lane] : 0.0f;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) part[0] = v;
+    }
+    __syncthreads();
+    const float total = part[0];
+    __syncthreads();
+    return total;
+}
+
+// One row after the exchange: `reduced(j)` gives vector j of allreduce(x) (bf16 bits).
+template <typename Reduced>
+__device__ __forceinline__ void peer_norm_row(const PeerArgs& a, uint64_t row, uint64_t rvec, Reduced reduced) {
+    uint4* res = reinterpret_cast<uint4*>(a.residual) + row * rvec;
+    uint4* out = reinterpret_cast<uint4*>(a.output) + row * rvec;
+    const uint4* wt = reinterpret_cast<const uint4*>(a.weight);
+    float sumsq = 0.0f;
+    for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x) {
+        float s[8], r[8];
+        peer_unpack<COMM_BF16>(reduced(j), s);  // the all-reduce's bf16 result
+        peer_unpack<COMM_BF16>(res[j], r);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) r[e] = r[e] + s[e];
+        const uint4 h = peer_pack<COMM_BF16>(r);
+        res[j] = h;
+        peer_unpack<COMM_BF16>(h, r);  // the rounded residual is what gets normalised
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sumsq += r[e] * r[e];
+    }
+    const float scale = rsqrtf(peer_block_sum(sumsq) / (float)a.hidden + a.eps);
+    for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x) {
+        float r[8], w[8];
+        peer_unpack<COMM_BF16>(res[j], r);  // this thread's own store above
+        peer_unpack<COMM_BF16>(wt[j], w);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) r[e] = r[e] * scale * w[e];
+        out[j] = peer_pack<COMM_BF16>(r);
+    }
+}
+
+template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
+    PEER_PROLOGUE(a, c)
+    const uint64_t rvec = a.hidden / 8, rows = a.count / a.hidden, nvec = rows * rvec;
+    const uint4* in = reinterpret_cast<const uint4*>(a.input);
+    if constexpr (ALGO == PEER_ONESHOT_PUSH) {
+        const uint64_t slot0 = a.off_push + (uint64_t)(c.seq % 3u) * a.world * a.lcap;
+        for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x)
+            for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x)
+                peer_push(a, c, slot0, a.lcap, row * rvec + j, peer_sanitize<COMM_BF16>(in[row * rvec + j]));
+        const char* inbox = c.region[a.rank] + slot0;
+        for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+            peer_norm_row(a, row, rvec, [&](uint64_t j) {
+                uint4 w[PEER_MAX_RANKS];
+                const uint64_t v = row * rvec + j;
+                peer_poll<COMM_BF16>(a, c, inbox, a.lcap, a.rank, peer_sanitize<COMM_BF16>(in[v]), v, w, 0);
+                return peer_reduce<COMM_BF16, COMM_SUM>(a, w);
+            });
+            if (*c.dead) break;  // uniform: read after the block sum's barriers
+        }
+    } else {
+        const uint64_t half = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
+        uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + half);
+        for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x)
+            for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x) mine[row * rvec + j] = in[row * rvec + j];
+        if (peer_barrier(a, c, 0)) {
+            for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x)
+                peer_norm_row(a, row, rvec, [&](uint64_t j) {
+                    return peer_reduce_staged<COMM_BF16, COMM_SUM>(a, c, half, row * rvec + j);
+                });
+        }
+    }
+    peer_epilogue(a, c, ALGO == PEER_ONESHOT_PUSH ? nvec : 0, 0, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_fused_rmsnorm_push(PeerArgs a) {
+    peer_fused_rmsnorm<PEER_ONESHOT_PUSH>(a);
+}
+extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_fused_rmsnorm_pull(PeerArgs a) {
+    peer_fused_rmsnorm<PEER_ONESHOT_PULL>(a);
+}
+
+// ---------------------------------------------------------------------------------------
+// Signal primitives as one-block launches (thread p handles peer p): they use only the
+// user channels and the signal counts, never the collectives' call counter.
+
+extern "C" __global__ void peer_put_signal_kernel(PeerArgs a) {
+    PEER_PROLOGUE(a, c)
+    if (threadIdx.x == 0) peer_put_signal(a, c, a.peer, a.channel);
+}
+
+extern "C" __global__ void peer_wait_signal_kernel(PeerArgs a) {
+    PEER_PROLOGUE(a, c)
+    if (threadIdx.x == 0) peer_wait_signal(a, c, a.peer, a.channel);
+}
+
+extern "C" __global__ void peer_barrier_kernel(PeerArgs a) {
+    PEER_PROLOGUE(a, c)
+    const uint32_t p = threadIdx.x;
+    if (p < a.world && p != a.rank) {
+        peer_put_signal(a, c, p, a.channel);
+        peer_wait_signal(a, c, p, a.channel);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Names: peer_<oneshot_pull|twoshot_pull|oneshot_push|twoshot_push>_<f32|f16|bf16>_<op>,
+// peer_reduce_scatter_<dtype>_<op> (op: sum, avg, max, min).
+
+#define PEER_AR(ALGO, ANAME, DT, DNAME, OP, ONAME)                                                             \
+    extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_##ANAME##_##DNAME##_##ONAME(PeerArgs a) { \
+        peer_all_reduce<ALGO, DT, OP>(a);                                                                      \
+    }
+#define PEER_RS(DT, DNAME, OP, ONAME)                                                                          \
+    extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_reduce_scatter_##DNAME##_##ONAME(PeerArgs a) { \
+        peer_reduce_scatter<DT, OP>(a);                                                                        \
+    }
+#define PEER_OPS(DT, DNAME, OP, ONAME)                                \
+    PEER_AR(PEER_ONESHOT_PULL, oneshot_pull, DT, DNAME, OP, ONAME)    \
+    PEER_AR(PEER_TWOSHOT_PULL, twoshot_pull, DT, DNAME, OP, ONAME)    \
+    PEER_AR(PEER_ONESHOT_PUSH, oneshot_push, DT, DNAME, OP, ONAME)    \
+    PEER_AR(PEER_TWOSHOT_PUSH, twoshot_push, DT, DNAME, OP, ONAME)    \
+    PEER_RS(DT, DNAME, OP, ONAME)
+#define PEER_DTYPE(DT, DNAME)                 \
+    PEER_OPS(DT, DNAME, COMM_SUM, sum)        \
+    PEER_OPS(DT, DNAME, COMM_AVG, avg)        \
+    PEER_OPS(DT, DNAME, COMM_MAX, max)        \
+    PEER_OPS(DT, DNAME, COMM_MIN, min)
+
+PEER_DTYPE(COMM_F32, f32)
+PEER_DTYPE(COMM_F16, f16)
+PEER_DTYPE(COMM_BF16, bf16)

@@ -1,0 +1,389 @@
+// peer_sync.cuh: the region layout, the kernel arguments, the memory model, bounded waits
+// that report to host-mapped memory, the flag barrier, signals and Lamport mailboxes of the
+// peer-memory kernels. Prepended (after peer_io.cuh) to peer_collectives.cu by the crate.
+//
+// Every rank owns one region that every rank can address (how it was obtained: CUDA IPC of
+// cuMemAlloc memory, or a VMM heap; comm_peer::layout mirrors this, keep the two in step):
+//
+//   [0, 8 KiB)          PeerPad.flags: per-block barrier flags that PEERS store into (two sets)
+//   [8 KiB, +128)       PeerPad.chan: signal slots of the user channels, [channel][sender]
+//   [12 KiB, 16 KiB)    PeerState: this rank's own bookkeeping (never written by peers)
+//   off_data            2 x cap: staged inputs, by call parity
+//   off_tmp             cap: two-shot pull's reduced slice
+//   off_push            3 x world x lcap: one-shot Lamport mailboxes [buffer][sender]
+//   off_recv            3 x world x slice_cap: two-shot push slice mailboxes [buffer][sender]
+//   off_result          3 x lcap: two-shot push result mailboxes [buffer]
+//
+// Why it is built this way:
+// - Graph replay: nothing that changes from call to call is a kernel argument. The call
+//   counter (which selects data parity, Lamport buffer and barrier values) lives in
+//   PeerState on the device; every block reads it at start, and the last block to finish
+//   (a local atomic, never a peer atomic) advances it.
+// - Barriers without peer atomics: block b of rank r stores the value 2*seq+phase+1 with
+//   st.release into slot [phase][b][r] of every peer's pad, and thread p waits with
+//   ld.acquire on its own slot [phase][b][p], then __syncthreads. Values only grow
+//   (compared by signed difference, so wrapping is harmless), and the two phases use two
+//   slot sets, so a fast peer's next barrier never overwrites a value still awaited. Every
+//   block reads only data that the same-numbered block of each peer wrote before its
+//   release (identical partitions on every rank), so the per-block flag covers it. Scope
+//   .sys where peers are other devices, .gpu where every rank shares this device.
+// - Lamport: mailboxes hold the sentinel (peer_io.cuh); readers poll with volatile
+//   16-byte loads until no element holds it. Three buffers rotate: peers may be writing
+//   buffer seq%3 (this call) or (seq+1)%3 (their next call, once they have all of this
+//   rank's data), never (seq+2)%3, which each call resets at its end (the sizes the call
+//   that used it wrote are in PeerState.used).
+// - Bounded spins: every wait reads %globaltimer and gives up after timeout_ns, records
+//   the failure in host-mapped memory (status) and in PeerState.abort (so that the other
+//   blocks and every later launch stop at once), and returns; the host reports
+//   Error::Timeout, then Error::Aborted.
+
+#define PEER_MAX_RANKS 8
+#define PEER_MAX_BLOCKS 128
+#define PEER_MAX_THREADS 512
+#define PEER_CHANNELS 4
+#define PEER_STATE_OFFSET 12288
+
+// status[0] codes (comm_peer::status mirrors them).
+#define PEER_OK 0
+#define PEER_TIMEOUT_BARRIER 1
+#define PEER_TIMEOUT_LAMPORT 2
+#define PEER_TIMEOUT_SIGNAL 3
+
+// Lamport mailbox kinds (first index of PeerState.used).
+#define PEER_MB_ONESHOT 0
+#define PEER_MB_RECV 1
+#define PEER_MB_RESULT 2
+
+struct PeerPad {
+    uint32_t flags[2][PEER_MAX_BLOCKS][PEER_MAX_RANKS];
+    uint32_t chan[PEER_CHANNELS][PEER_MAX_RANKS];
+};
+
+struct PeerState {
+    uint32_t seq;    // collective calls completed by this rank
+    uint32_t done;   // blocks of the running call that have finished
+    uint32_t abort;  // a spin gave up: every later launch returns at once
+    uint32_t pad;
+    uint64_t used[3][3];  // [mailbox kind][buffer]: bytes per sender slot written by that call
+    uint32_t sent[PEER_CHANNELS][PEER_MAX_RANKS];  // user signals sent, per channel and peer
+    uint32_t seen[PEER_CHANNELS][PEER_MAX_RANKS];  // user signals consumed, per channel and peer
+};
+
+struct PeerTable {
+    char* ptr[PEER_MAX_RANKS];
+};
+
+// Kernel arguments, by value; comm_peer::kernels::PeerArgs is the same #[repr(C)].
+struct PeerArgs {
+    const char* input;        // this rank's input (user memory)
+    char* output;             // this rank's output (may equal input)
+    char* residual;           // fused op: residual, read and updated in place
+    const char* weight;       // fused op: RMSNorm weight [hidden]
+    const PeerTable* regions; // every rank's region, as mapped in this process
+    const PeerTable* inputs;  // zero-copy: every rank's registered input buffer; else null
+    uint32_t* status;         // host-mapped: [code, rank, phase, peer]
+    uint64_t in_off;          // zero-copy: byte offset of the input in its registered buffer
+    uint64_t count;           // elements (all-reduce, fused: rows * hidden); bytes for gather/bcast
+    uint64_t cap;             // bytes of one staging half (a multiple of 16)
+    uint64_t lcap;            // bytes of one Lamport sender slot (a multiple of 16)
+    uint64_t slice_cap;       // bytes of one two-shot push slice slot (a multiple of 16)
+    uint64_t off_data, off_tmp, off_push, off_recv, off_result;
+    uint64_t timeout_ns;
+    uint64_t hidden;          // fused op: row length
+    float eps;                // fused op
+    uint32_t rank;
+    uint32_t world;
+    uint32_t aligned;         // user buffers 16-byte aligned
+    uint32_t gpu_scope;       // every rank on this device: .gpu scope suffices
+    uint32_t root;            // broadcast root
+    uint32_t peer;            // signal primitives: the peer
+    uint32_t channel;         // signal primitives: the channel
+};
+
+// ---------------------------------------------------------------------------------------
+// Memory model (PTX, sm_70+).
+
+__device__ __forceinline__ void peer_st_release(uint32_t* p, uint32_t v, bool gpu) {
+    if (gpu) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+    else asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint32_t peer_ld_acquire(const uint32_t* p, bool gpu) {
+    uint32_t v;
+    if (gpu) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    else asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ uint4 peer_ld_volatile(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void peer_st_volatile(uint4* p, uint4 v) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+// Peer data after a barrier: cached in L2 only, so no stale L1 line can be returned.
+__device__ __forceinline__ uint4 peer_ld_cg(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint64_t peer_now() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// ---------------------------------------------------------------------------------------
+// Per-block context: the tables copied to shared memory, the call number, the give-up flag.
+
+struct PeerCtx {
+    char* const* region;       // shared: region[p]
+    const char* const* input;  // shared: zero-copy input of rank p (offset applied), or null
+    PeerState* state;
+    volatile int* dead;        // shared: set once this block gave up
+    uint32_t seq;
+};
+
+__device__ __forceinline__ PeerPad* peer_pad(const PeerCtx& c, uint32_t p) {
+    return reinterpret_cast<PeerPad*>(c.region[p]);
+}
+
+// Records a failure (the first one wins) and tells every later launch to give up.
+__device__ void peer_fail(const PeerArgs& a, const PeerCtx& c, uint32_t code, uint32_t phase, uint32_t peer) {
+    *c.dead = 1;
+    *(volatile uint32_t*)&c.state->abort = 1;
+    volatile uint32_t* s = a.status;
+    if (s[0] == PEER_OK) {
+        s[1] = a.rank;
+        s[2] = phase;
+        s[3] = peer;
+        __threadfence_system();
+        s[0] = code;
+    }
+    __threadfence_system();
+}
+
+// True when this thread must stop waiting: this block or another launch gave up, or the
+// bound passed. The clock is read every 256 spins (it is not free).
+__device__ __forceinline__ bool peer_give_up(const PeerArgs& a, const PeerCtx& c, uint64_t start, uint32_t& spins,
+                                             uint32_t code, uint32_t phase, uint32_t peer) {
+    if (*c.dead) return true;
+    if ((++spins & 255) == 0) {
+        if (*(volatile uint32_t*)&c.state->abort) {
+            *c.dead = 1;
+            return true;
+        }
+        if (peer_now() - start > a.timeout_ns) {
+            peer_fail(a, c, code, phase, peer);
+            return true;
+        }
+    }
+    return false;
+}
+
+// Spins until *slot reaches `want` (signed difference), bounded. False on give-up.
+__device__ __forceinline__ bool peer_wait_value(const PeerArgs& a, const PeerCtx& c, const uint32_t* slot,
+                                                uint32_t want, uint32_t code, uint32_t phase, uint32_t peer) {
+    const bool gpu = a.gpu_scope != 0;
+    if ((int32_t)(peer_ld_acquire(slot, gpu) - want) >= 0) return true;
+    const uint64_t start = peer_now();
+    uint32_t spins = 0;
+    while ((int32_t)(peer_ld_acquire(slot, gpu) - want) < 0) {
+        if (peer_give_up(a, c, start, spins, code, phase, peer)) return false;
+    }
+    return true;
+}
+
+// The flag barrier of this block with the same-numbered block of every rank (see top).
+// Returns false when the block must give up.
+__device__ bool peer_barrier(const PeerArgs& a, const PeerCtx& c, uint32_t phase) {
+    __syncthreads();
+    const uint32_t value = 2u * c.seq + phase + 1u;
+    const uint32_t p = threadIdx.x;
+    if (p < a.world && !*c.dead) {
+        peer_st_release(&peer_pad(c, p)->flags[phase][blockIdx.x][a.rank], value, a.gpu_scope != 0);
+        peer_wait_value(a, c, &peer_pad(c, a.rank)->flags[phase][blockIdx.x][p], value, PEER_TIMEOUT_BARRIER,
+                        phase, p);
+    }
+    __syncthreads();
+    return !*c.dead;
+}
+
+// put_signal: the next count of (channel, peer) into my slot of the peer's pad. One thread.
+__device__ void peer_put_signal(const PeerArgs& a, const PeerCtx& c, uint32_t peer, uint32_t channel) {
+    uint32_t* sent = &c.state->sent[channel][peer];
+    const uint32_t v = *sent + 1u;
+    *sent = v;
+    peer_st_release(&peer_pad(c, peer)->chan[channel][a.rank], v, a.gpu_scope != 0);
+}
+
+// wait_signal: the next count of (channel, peer) in the peer's slot of my pad. One thread.
+__device__ bool peer_wait_signal(const PeerArgs& a, const PeerCtx& c, uint32_t peer, uint32_t channel) {
+    uint32_t* seen = &c.state->seen[channel][peer];
+    const uint32_t v = *seen + 1u;
+    *seen = v;
+    return peer_wait_value(a, c, &peer_pad(c, a.rank)->chan[channel][peer], v, PEER_TIMEOUT_SIGNAL, channel, peer);
+}
+
+// ---------------------------------------------------------------------------------------
+// Lamport mailboxes and reductions.
+
+// Fills w[p] with vector v of every sender p's slot (slot p at src + p * stride), waiting
+// until none holds the sentinel; w[skip] = own. On give-up *c.dead is set.
+template <int DT>
+__device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, const char* src, uint64_t stride,
+                                          uint32_t skip, uint4 own, uint64_t v, uint4* w, uint32_t phase) {
+    uint32_t pending = 0;
+#pragma unroll
+    for (int p = 0; p < PEER_MAX_RANKS; ++p) {
+        if (p == (int)skip) {
+            w[p] = own;  // this rank's own contribution (a compile-time index keeps w in registers)
+        } else if (p < (int)a.world) {
+            w[p] = peer_ld_volatile(reinterpret_cast<const uint4*>(src + p * stride) + v);
+            if (peer_has_sentinel<DT>(w[p])) pending |= 1u << p;
+        }
+    }
+    if (!pending) return;
+    uint64_t start = peer_now();
+    uint32_t spins = 0;
+    while (pending) {
+#pragma unroll
+        for (int p = 0; p < PEER_MAX_RANKS; ++p) {
+            if (pending & (1u << p)) {
+                w[p] = peer_ld_volatile(reinterpret_cast<const uint4*>(src + p * stride) + v);
+                if (!peer_has_sentinel<DT>(w[p])) pending &= ~(1u << p);
+            }
+        }
+        if (pending && peer_give_up(a, c, start, spins, PEER_TIMEOUT_LAMPORT, phase, __ffs(pending) - 1)) return;
+    }
+}
+
+// Waits until the vector at `src` holds no sentinel (a result pushed by rank `peer`).
+template <int DT>
+__device__ __forceinline__ uint4 peer_poll1(const PeerArgs& a, const PeerCtx& c, const uint4* src, uint32_t peer) {
+    uint4 w = peer_ld_volatile(src);
+    if (!peer_has_sentinel<DT>(w)) return w;
+    uint64_t start = peer_now();
+    uint32_t spins = 0;
+    do {
+        if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_LAMPORT, 1, peer)) break;
+        w = peer_ld_volatile(src);
+    } while (peer_has_sentinel<DT>(w));
+    return w;
+}
+
+// Vector v of this rank's data into slot `me` (at slot0 + me * slot_bytes) of every peer's
+// mailbox, starting with the next rank, so that the ranks do not all write rank 0 first.
+__device__ __forceinline__ void peer_push(const PeerArgs& a, const PeerCtx& c, uint64_t slot0, uint64_t slot_bytes,
+                                          uint64_t v, uint4 w) {
+    for (uint32_t k = 1; k < a.world; ++k) {
+        const uint32_t p = (a.rank + k) % a.world;
+        peer_st_volatile(reinterpret_cast<uint4*>(c.region[p] + slot0 + a.rank * slot_bytes) + v, w);
+    }
+}
+
+// Reduces w[0..world) in rank order, in f32.
+template <int DT, int OP> __device__ __forceinline__ uint4 peer_reduce(const PeerArgs& a, const uint4* w) {
+    constexpr int VEC = PeerDt<DT>::VEC;
+    float acc[VEC], x[VEC];
+    peer_unpack<DT>(w[0], acc);
+#pragma unroll
+    for (int p = 1; p < PEER_MAX_RANKS; ++p) {
+        if (p < (int)a.world) {
+            peer_unpack<DT>(w[p], x);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[e] = peer_combine<OP>(acc[e], x[e]);
+        }
+    }
+    if constexpr (OP == COMM_AVG) {
+        const float n = (float)a.world;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[e] = acc[e] / n;
+    }
+    return peer_pack<DT>(acc);
+}
+
+// Vector v of every rank's staged copy at `off` (L2 loads after a barrier), reduced.
+template <int DT, int OP>
+__device__ __forceinline__ uint4 peer_reduce_staged(const PeerArgs& a, const PeerCtx& c, uint64_t off, uint64_t v) {
+    uint4 w[PEER_MAX_RANKS];
+#pragma unroll
+    for (int p = 0; p < PEER_MAX_RANKS; ++p)
+        if (p < (int)a.world) w[p] = peer_ld_cg(reinterpret_cast<const uint4*>(c.region[p] + off) + v);
+    return peer_reduce<DT, OP>(a, w);
+}
+
+// ---------------------------------------------------------------------------------------
+// Prologue and epilogue of every kernel.
+
+// Loads the tables into shared memory and the call number; returns at once when a previous
+// launch gave up (the communicator is then unusable).
+#define PEER_PROLOGUE(a, c)                                                                          \
+    __shared__ char* s_region[PEER_MAX_RANKS];                                                       \
+    __shared__ const char* s_input[PEER_MAX_RANKS];                                                  \
+    __shared__ uint32_t s_seq;                                                                       \
+    __shared__ int s_dead;                                                                           \
+    PeerState* s_state = reinterpret_cast<PeerState*>(a.regions->ptr[a.rank] + PEER_STATE_OFFSET);   \
+    if (threadIdx.x < PEER_MAX_RANKS) {                                                              \
+        const int p_ = threadIdx.x;                                                                  \
+        s_region[p_] = p_ < (int)a.world ? a.regions->ptr[p_] : nullptr;                             \
+        s_input[p_] = (a.inputs != nullptr && p_ < (int)a.world) ? a.inputs->ptr[p_] + a.in_off : nullptr; \
+    }                                                                                                \
+    if (threadIdx.x == 0) {                                                                          \
+        s_seq = *(volatile uint32_t*)&s_state->seq;                                                  \
+        s_dead = *(volatile uint32_t*)&s_state->abort ? 1 : 0;                                       \
+    }                                                                                                \
+    __syncthreads();                                                                                 \
+    PeerCtx c{s_region, s_input, s_state, &s_dead, s_seq};                                           \
+    if (*c.dead) return;
+
+// Resets (to the sentinel) the mailboxes of buffer (seq+2)%3 as far as the call that used
+// them wrote, records what this call wrote into buffer seq%3 (vectors per sender slot of
+// each kind), then advances the call counter once every block is done. The resets need no
+// fence: peers write into that buffer only two calls later, after kernel boundaries and
+// after seeing data this rank sends in the next call.
+__device__ void peer_epilogue(const PeerArgs& a, const PeerCtx& c, uint64_t oneshot_vecs, uint64_t recv_vecs,
+                              uint64_t result_vecs) {
+    __syncthreads();
+    if (*c.dead) return;
+    const uint32_t old = (c.seq + 2u) % 3u, cur = c.seq % 3u;
+    char* base = c.region[a.rank];
+    const uint4 ones = make_uint4(0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu);
+    const uint64_t used_one = c.state->used[PEER_MB_ONESHOT][old] / 16;
+    const uint64_t used_recv = c.state->used[PEER_MB_RECV][old] / 16;
+    const uint64_t used_res = c.state->used[PEER_MB_RESULT][old] / 16;
+    for (uint32_t p = 0; p < a.world; ++p) {
+        uint4* one = reinterpret_cast<uint4*>(base + a.off_push + ((uint64_t)old * a.world + p) * a.lcap);
+        for (uint64_t v = peer_tid(); v < used_one; v += peer_stride()) one[v] = ones;
+        uint4* recv = reinterpret_cast<uint4*>(base + a.off_recv + ((uint64_t)old * a.world + p) * a.slice_cap);
+        for (uint64_t v = peer_tid(); v < used_recv; v += peer_stride()) recv[v] = ones;
+    }
+    uint4* res = reinterpret_cast<uint4*>(base + a.off_result + (uint64_t)old * a.lcap);
+    for (uint64_t v = peer_tid(); v < used_res; v += peer_stride()) res[v] = ones;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (blockIdx.x == 0) {
+            c.state->used[PEER_MB_ONESHOT][cur] = oneshot_vecs * 16;
+            c.state->used[PEER_MB_RECV][cur] = recv_vecs * 16;
+            c.state->used[PEER_MB_RESULT][cur] = result_vecs * 16;
+        }
+        __threadfence();
+        if (atomicAdd(&c.state->done, 1u) == gridDim.x - 1) {
+            c.state->done = 0;
+            *(volatile uint32_t*)&c.state->seq = c.seq + 1u;
+            __threadfence();
+        }
+    }
+}

@@ -1,0 +1,370 @@
+//! [`PeerComm`]: the communicator over a peer-memory source: joining, configuration
+//! agreement, the per-call checks and the optional host agreement. The collectives are in
+//! `collectives.rs`, the fused op in `fused.rs`.
+
+use std::cell::Cell;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use comm_core::call::{DESCRIPTOR_BYTES, decode_verdict, encode_verdict, settle};
+use comm_core::cuda::cudarc::driver::{CudaContext, CudaStream, sys};
+use comm_core::cuda::{driver_error, probe};
+use comm_core::{
+    Bootstrap, CallDescriptor, Capabilities, Collective, Error, MemoryLocation, RawStream, Result,
+};
+
+use crate::algorithm::{Algorithm, parse_choice};
+use crate::config::PeerConfig;
+use crate::group::{PeerGroup, Ready};
+use crate::kernels::{DTYPES, OPS, PeerArgs};
+use crate::layout::{Layout, MAX_BLOCKS, MAX_THREADS};
+use crate::registered::Registered;
+use crate::source::PeerSource;
+use crate::zero_copy::{PeerBuffer, Registry};
+
+/// One rank of a communicator over peer memory (see the crate docs).
+///
+/// Calls enqueue one kernel on the buffers' stream and return; nothing synchronises, so
+/// calls can be captured into CUDA graphs. [`PeerComm::synchronize`] waits, bounded.
+pub struct PeerComm {
+    pub(crate) name: &'static str,
+    pub(crate) group: PeerGroup,
+    pub(crate) bootstrap: Arc<dyn Bootstrap>,
+    pub(crate) config: PeerConfig,
+    pub(crate) layout: Layout,
+    pub(crate) max_blocks: u32,
+    pub(crate) algorithm: Cell<Option<Algorithm>>,
+    pub(crate) capabilities: Capabilities,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) barrier_stream: Arc<CudaStream>,
+}
+
+impl fmt::Debug for PeerComm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeerComm")
+            .field("name", &self.name)
+            .field("group", &self.group)
+            .field("config", &self.config)
+            .field("layout", &self.layout)
+            .field("max_blocks", &self.max_blocks)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Makes this rank's peer memory for a layout, collectively (every rank calls it once).
+pub type MakeSource<'a> = dyn FnOnce(&Ready, &Layout) -> Result<Box<dyn PeerSource>> + 'a;
+
+impl PeerComm {
+    /// Joins the communicator of every rank of `bootstrap` on CUDA device `device`, as the
+    /// backend `name`, with memory from `source`.
+    ///
+    /// Collective. Every rank checks that it can take part (driver, NVRTC, device, kernels)
+    /// and that all ranks use the same configuration (`config` and the backend's `extra`
+    /// settings); then `source` makes and maps every rank's region. If any rank fails, all
+    /// return an error.
+    pub fn join(
+        name: &'static str,
+        bootstrap: Arc<dyn Bootstrap>,
+        device: usize,
+        config: PeerConfig,
+        extra: &str,
+        source: Box<MakeSource<'_>>,
+    ) -> Result<Self> {
+        let world = bootstrap.world_size();
+        let local = prepare(device, world, &config);
+        let mut msg = match &local {
+            Ok((_, sms)) => [&[1u8][..], &sms.to_le_bytes()].concat(),
+            Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
+        };
+        msg.extend_from_slice(format!("{config:?} {extra}").as_bytes());
+        let all = bootstrap.all_gather_bytes(&msg)?;
+        let (ready, _) = local?;
+        let mut sms = u32::MAX;
+        for (rank, m) in all.iter().enumerate() {
+            if m.first() != Some(&1) || m.len() < 5 {
+                return Err(Error::Bootstrap(format!(
+                    "rank {rank} cannot join the {name} communicator: {}",
+                    String::from_utf8_lossy(m.get(1..).unwrap_or_default())
+                )));
+            }
+            if m[5..] != msg[5..] {
+                return Err(Error::Mismatch(format!(
+                    "{name}: rank {rank} has another configuration: {} (rank {}: {})",
+                    String::from_utf8_lossy(&m[5..]),
+                    bootstrap.rank(),
+                    String::from_utf8_lossy(&msg[5..]),
+                )));
+            }
+            sms = sms.min(u32::from_le_bytes(m[1..5].try_into().unwrap()));
+        }
+        let layout = Layout::new(
+            world,
+            config.max_bytes,
+            config.lamport_max_bytes.min(config.max_bytes),
+        );
+        let memory = source(&ready, &layout)?;
+        let ctx = ready.context().clone();
+        let max_blocks = config
+            .max_blocks
+            .unwrap_or_else(|| (sms / memory.sharing().max(1) as u32).min(36))
+            .clamp(1, MAX_BLOCKS);
+        let timeout = config.timeout.unwrap_or_else(|| bootstrap.timeout());
+        let capabilities = capabilities(&config);
+        Ok(PeerComm {
+            name,
+            group: PeerGroup::new(ready, bootstrap.rank(), world, memory, timeout),
+            barrier_stream: ctx.new_stream().map_err(driver_error)?,
+            algorithm: Cell::new(config.algorithm),
+            registry: Arc::new(Registry::default()),
+            bootstrap,
+            config,
+            layout,
+            max_blocks,
+            capabilities,
+        })
+    }
+
+    /// The backend's name (`ipc`, `symm`).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The group underneath: its signal primitives, peer table and status.
+    pub fn group(&self) -> &PeerGroup {
+        &self.group
+    }
+
+    /// The CUDA context of this rank's device.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.group.context()
+    }
+
+    /// The configuration (as given; `max_blocks` as resolved is [`Self::max_blocks`]).
+    pub fn config(&self) -> &PeerConfig {
+        &self.config
+    }
+
+    /// Where everything lives in every rank's region.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Most blocks one launch uses.
+    pub fn max_blocks(&self) -> u32 {
+        self.max_blocks
+    }
+
+    /// The bound on GPU spin-waits.
+    pub fn timeout(&self) -> Duration {
+        self.group.timeout()
+    }
+
+    /// Sets the bound on waits for peers (kernels and host), for the following calls.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.group.set_timeout(timeout);
+    }
+
+    /// What this communicator can do (computed once).
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    /// Uses `algorithm` for the following all-reduces, or the automatic choice for `None`.
+    /// Every rank must choose alike (checked per call when validating).
+    pub fn use_algorithm(&self, algorithm: Option<Algorithm>) {
+        self.algorithm.set(algorithm);
+    }
+
+    /// [`Self::use_algorithm`] by name (`auto` for the automatic choice).
+    pub fn set_algorithm(&self, algorithm: Option<&str>) -> Result<()> {
+        let parsed = match algorithm {
+            Some(name) => parse_choice(name)?,
+            None => None,
+        };
+        self.use_algorithm(parsed);
+        Ok(())
+    }
+
+    /// The algorithm an all-reduce of `bytes` per rank uses now: the chosen (or automatic)
+    /// one, or its pull variant when a push message does not fit the mailboxes.
+    pub fn algorithm_for(&self, bytes: usize) -> Algorithm {
+        let chosen = self
+            .algorithm
+            .get()
+            .unwrap_or_else(|| Algorithm::auto(self.group.world_size(), bytes));
+        if chosen.is_push() && bytes > self.layout.lcap {
+            chosen.pull()
+        } else {
+            chosen
+        }
+    }
+
+    /// Collective: allocates `bytes` of device memory that every rank can read, for
+    /// zero-copy all-reduces (inputs in such a buffer are read by the peers where they
+    /// are, instead of being copied into the communicator's own region first; pull
+    /// algorithms). Every rank must use the same offsets in its buffer for a call.
+    pub fn alloc(&self, bytes: usize) -> Result<PeerBuffer> {
+        self.group.live()?;
+        let reg = Registered::new(self.context(), &*self.bootstrap, bytes, |_| Ok(()))?;
+        Ok(PeerBuffer::new(reg, bytes, self.registry.clone()))
+    }
+
+    /// Waits for the work enqueued on `stream`, bounded by the timeout (plus a margin);
+    /// returns [`Error::Timeout`] if a kernel gave up waiting for a peer. Must not be called
+    /// while `stream` is being captured.
+    pub fn synchronize(&self, stream: RawStream) -> Result<()> {
+        self.group.synchronize(stream)
+    }
+
+    /// Checks where the buffers are; returns their (common) stream.
+    pub(crate) fn stream_of(&self, locations: &[MemoryLocation]) -> Result<RawStream> {
+        let name = self.name;
+        let ordinal = self.context().ordinal();
+        let mut stream = None;
+        for &location in locations {
+            let s = match location {
+                MemoryLocation::Device { ordinal: o, stream } if o as usize == ordinal => stream,
+                MemoryLocation::Device { ordinal: o, .. } => {
+                    return Err(Error::InvalidArgument(format!(
+                        "{name}: rank {} works on device {ordinal}, got a buffer of device {o}",
+                        self.group.rank(),
+                    )));
+                }
+                other => {
+                    return Err(Error::Unsupported(format!(
+                        "{name} works on device memory only, got {other:?}"
+                    )));
+                }
+            };
+            if *stream.get_or_insert(s) != s {
+                return Err(Error::InvalidArgument(format!(
+                    "{name}: the buffers are on different streams"
+                )));
+            }
+        }
+        stream.ok_or_else(|| Error::InvalidArgument(format!("{name}: no buffers")))
+    }
+
+    /// This rank's checks of a call: descriptor, capabilities, memory, stream.
+    pub(crate) fn checked(
+        &self,
+        call: Result<CallDescriptor>,
+        locations: &[MemoryLocation],
+    ) -> Result<(CallDescriptor, RawStream)> {
+        let call = self.capabilities.admit(self.name, call, locations)?;
+        Ok((call, self.stream_of(locations)?))
+    }
+
+    /// With validation: every rank's verdict and plan (`plan` bytes), so that all fail or
+    /// go on together; a local failure is reported as itself.
+    pub(crate) fn agree(
+        &self,
+        mine: Result<(CallDescriptor, RawStream)>,
+        plan: &[u8],
+    ) -> Result<(CallDescriptor, RawStream)> {
+        if !self.config.validate || self.group.world_size() == 1 {
+            return mine;
+        }
+        let verdict = mine
+            .as_ref()
+            .map(|m| m.0)
+            .map_err(|e| Error::InvalidArgument(e.to_string()));
+        let mut msg = encode_verdict(&verdict).to_vec();
+        msg.extend_from_slice(plan);
+        let agreed = (|| {
+            let all = self
+                .bootstrap
+                .all_gather_bytes(&msg)
+                .map_err(|e| self.group.fail(e))?;
+            let verdicts = all
+                .iter()
+                .map(|m| decode_verdict(&m[..DESCRIPTOR_BYTES.min(m.len())]))
+                .collect::<Result<Vec<_>>>()?;
+            let call = settle(verdict, &verdicts)?;
+            if let Some((rank, _)) = all
+                .iter()
+                .enumerate()
+                .find(|(_, m)| m.get(DESCRIPTOR_BYTES..) != msg.get(DESCRIPTOR_BYTES..))
+            {
+                return Err(Error::Mismatch(format!(
+                    "{}: rank {rank} plans {call} differently from rank {} (algorithm, \
+                     zero-copy use, buffer offset or shape)",
+                    self.name,
+                    self.group.rank()
+                )));
+            }
+            Ok(call)
+        })();
+        match (mine, agreed) {
+            (Err(local), _) => Err(local),
+            (Ok(_), Err(e)) => Err(e),
+            (Ok((_, stream)), Ok(call)) => Ok((call, stream)),
+        }
+    }
+
+    /// The kernel arguments of every collective launch.
+    pub(crate) fn args(&self) -> PeerArgs {
+        let l = &self.layout;
+        PeerArgs {
+            cap: l.cap as u64,
+            lcap: l.lcap as u64,
+            slice_cap: l.slice_cap as u64,
+            off_data: l.off_data as u64,
+            off_tmp: l.off_tmp as u64,
+            off_push: l.off_push as u64,
+            off_recv: l.off_recv as u64,
+            off_result: l.off_result as u64,
+            ..self.group.base_args()
+        }
+    }
+}
+
+/// The device of a rank that joins from its bootstrap: `local_rank % device_count` (one
+/// GPU per rank of a node; several ranks per GPU when there are more ranks than GPUs).
+pub fn device_for(bootstrap: &dyn Bootstrap) -> usize {
+    probe::device_count()
+        .map(|n| bootstrap.local_rank() % n)
+        .unwrap_or(0)
+}
+
+/// Takes part in the first exchange of [`PeerComm::join`] with a failure, so that the other
+/// ranks fail rather than wait; returns `e`.
+pub fn refuse_join(bootstrap: &dyn Bootstrap, e: Error) -> Error {
+    let _ = bootstrap.all_gather_bytes(&[0u8]);
+    e
+}
+
+fn prepare(device: usize, world: usize, config: &PeerConfig) -> Result<(Ready, u32)> {
+    if config.threads < 32 || config.threads > MAX_THREADS || config.threads % 32 != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "peer memory: threads must be a multiple of 32 in 32..={MAX_THREADS}, got {}",
+            config.threads
+        )));
+    }
+    let ctx = probe::context(device)?;
+    let ready = Ready::new(&ctx, world)?;
+    let sms = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(driver_error)?;
+    Ok((ready, sms.max(1) as u32))
+}
+
+fn capabilities(config: &PeerConfig) -> Capabilities {
+    let mut caps = Capabilities::host_complete().with_algorithms(&Algorithm::NAMES);
+    caps.collectives = vec![
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::Broadcast,
+        Collective::Barrier,
+    ];
+    caps.dtypes = DTYPES.to_vec();
+    caps.ops = OPS.to_vec();
+    caps.host_memory = false;
+    caps.device_memory = true;
+    caps.max_bytes = Some(config.max_bytes);
+    // Changing state lives on the device; validation exchanges at capture time only.
+    caps.graph_capture_safe = true;
+    caps
+}

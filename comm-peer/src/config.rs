@@ -1,0 +1,167 @@
+//! [`PeerConfig`]: what a peer-memory communicator is built with, and the one reading of
+//! environment variables every backend of this layer shares (`<PREFIX>_MAX_BYTES`, ...,
+//! one vocabulary for numbers, durations and switches).
+
+use std::time::Duration;
+
+use comm_core::{Error, Result};
+
+use crate::algorithm::{Algorithm, parse_choice};
+
+/// Largest message by default (bytes per rank): a decode step's activations with room to
+/// spare, and small enough that eight ranks' regions fit easily on one GPU.
+pub const DEFAULT_MAX_BYTES: usize = 8 << 20;
+/// Threads per block.
+pub const DEFAULT_THREADS: u32 = 512;
+
+/// Settings of a peer-memory communicator. Every rank must use the same values (checked
+/// when joining).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// Largest message, in bytes per rank (all-reduce, gather input, reduce-scatter input).
+    pub max_bytes: usize,
+    /// Largest push (Lamport) message; bigger ones run the pull algorithm of the same
+    /// shape. The mailboxes take about `3 (world + 2)` times this per rank.
+    pub lamport_max_bytes: usize,
+    /// Algorithm for every all-reduce; `None` picks per call with [`Algorithm::auto`].
+    pub algorithm: Option<Algorithm>,
+    /// Bound of every spin-wait on the GPU (and of host waits, plus a margin); `None` uses
+    /// the bootstrap's timeout. After it expires the communicator is unusable.
+    pub timeout: Option<Duration>,
+    /// Compare every call's arguments across ranks (a host exchange through the bootstrap
+    /// per call), so that mismatched calls fail with `Error::Mismatch` on every rank instead
+    /// of timing out. Off for production and benchmarks: it costs a round trip per call.
+    pub validate: bool,
+    /// Most blocks per launch; `None` = the device's SMs divided by the ranks that share
+    /// this device (all ranks' blocks must be resident at once), at most 36.
+    pub max_blocks: Option<u32>,
+    /// Threads per block (a multiple of 32, at most 512).
+    pub threads: u32,
+}
+
+impl Default for PeerConfig {
+    fn default() -> Self {
+        PeerConfig {
+            max_bytes: DEFAULT_MAX_BYTES,
+            lamport_max_bytes: DEFAULT_MAX_BYTES,
+            algorithm: None,
+            timeout: None,
+            validate: true,
+            max_blocks: None,
+            threads: DEFAULT_THREADS,
+        }
+    }
+}
+
+impl PeerConfig {
+    /// `self`, overridden by `<prefix>_MAX_BYTES`, `<prefix>_LAMPORT_MAX_BYTES` (bytes),
+    /// `<prefix>_ALGO` (a name or `auto`), `<prefix>_TIMEOUT_SECS` (seconds, fractions
+    /// allowed), `<prefix>_VALIDATE` (`1`/`0`, `true`/`false`, `yes`/`no`, `on`/`off`),
+    /// `<prefix>_MAX_BLOCKS` and `<prefix>_THREADS`.
+    pub fn with_env(mut self, prefix: &str) -> Result<Self> {
+        let env = Env(prefix);
+        if let Some(v) = env.number("MAX_BYTES")? {
+            self.max_bytes = v;
+        }
+        if let Some(v) = env.number("LAMPORT_MAX_BYTES")? {
+            self.lamport_max_bytes = v;
+        }
+        if let Some(v) = env.var("ALGO") {
+            self.algorithm = parse_choice(&v)?;
+        }
+        if let Some(v) = env.seconds("TIMEOUT_SECS")? {
+            self.timeout = Some(v);
+        }
+        if let Some(v) = env.switch("VALIDATE")? {
+            self.validate = v;
+        }
+        if let Some(v) = env.number("MAX_BLOCKS")? {
+            self.max_blocks = Some(v as u32);
+        }
+        if let Some(v) = env.number("THREADS")? {
+            self.threads = v as u32;
+        }
+        Ok(self)
+    }
+}
+
+/// The environment variables of one prefix (`COMM_IPC`, `COMM_SYMM`), read one way.
+#[derive(Debug, Clone, Copy)]
+pub struct Env<'a>(pub &'a str);
+
+impl Env<'_> {
+    fn name(&self, key: &str) -> String {
+        format!("{}_{key}", self.0)
+    }
+
+    fn bad(&self, key: &str, v: &str, want: &str) -> Error {
+        Error::InvalidArgument(format!("{}: cannot use `{v}` ({want})", self.name(key)))
+    }
+
+    /// The value of `<prefix>_<key>`, trimmed; `None` when unset or blank.
+    pub fn var(&self, key: &str) -> Option<String> {
+        std::env::var(self.name(key))
+            .ok()
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    }
+
+    /// A non-negative integer.
+    pub fn number(&self, key: &str) -> Result<Option<usize>> {
+        self.var(key)
+            .map(|v| v.parse().map_err(|_| self.bad(key, &v, "a number")))
+            .transpose()
+    }
+
+    /// A positive, finite number of seconds.
+    pub fn seconds(&self, key: &str) -> Result<Option<Duration>> {
+        self.var(key)
+            .map(|v| match v.parse::<f64>() {
+                Ok(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
+                _ => Err(self.bad(key, &v, "seconds > 0")),
+            })
+            .transpose()
+    }
+
+    /// A switch: `1`/`0`, `true`/`false`, `yes`/`no`, `on`/`off` (any case).
+    pub fn switch(&self, key: &str) -> Result<Option<bool>> {
+        self.var(key)
+            .map(|v| match v.to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => Ok(true),
+                "0" | "false" | "no" | "off" => Ok(false),
+                _ => Err(self.bad(key, &v, "1/0, true/false, yes/no or on/off")),
+            })
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_vocabulary_for_every_prefix() {
+        // A prefix of its own, so that no other test's variables interfere.
+        let p = "COMM_PEER_CONFIG_TEST";
+        // SAFETY: only this test uses these names, and it sets them before reading.
+        unsafe {
+            std::env::set_var(format!("{p}_VALIDATE"), "No");
+            std::env::set_var(format!("{p}_ALGO"), "lamport");
+            std::env::set_var(format!("{p}_TIMEOUT_SECS"), "2.5");
+            std::env::set_var(format!("{p}_MAX_BYTES"), "1024");
+        }
+        let c = PeerConfig::default().with_env(p).unwrap();
+        assert!(!c.validate);
+        assert_eq!(c.algorithm, Some(Algorithm::OneshotPush));
+        assert_eq!(c.timeout, Some(Duration::from_millis(2500)));
+        assert_eq!(c.max_bytes, 1024);
+        // SAFETY: as above.
+        unsafe { std::env::set_var(format!("{p}_VALIDATE"), "maybe") };
+        assert!(PeerConfig::default().with_env(p).is_err());
+        for (v, want) in [("on", true), ("0", false), ("TRUE", true), ("off", false)] {
+            // SAFETY: as above.
+            unsafe { std::env::set_var(format!("{p}_VALIDATE"), v) };
+            assert_eq!(Env(p).switch("VALIDATE").unwrap(), Some(want), "{v}");
+        }
+    }
+}

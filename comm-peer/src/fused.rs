@@ -1,0 +1,110 @@
+//! The fused all-reduce + residual add + RMSNorm of [`PeerComm`].
+
+use comm_core::{BufferMut, BufferRef, CallDescriptor, DType, Error, ReduceOp, Result};
+
+use crate::algorithm::Algorithm;
+use crate::comm::PeerComm;
+use crate::kernels::PeerArgs;
+
+impl PeerComm {
+    /// The fused `all_reduce + residual add + RMSNorm` (bf16, rows of `weight.len()`):
+    /// `a = allreduce_sum(input)` (f32 accumulation, rounded to bf16), `residual =
+    /// bf16(residual + a)`, `out = bf16(residual * rsqrt(mean(residual^2) + eps) * weight)`,
+    /// per row; exactly the unfused all-reduce followed by a fused add + RMSNorm. Lamport
+    /// exchange (one-shot push) when the message fits the mailboxes and the algorithm is
+    /// automatic or `oneshot-push`, else one-shot pull. Needs `hidden` a multiple of 8 and
+    /// 16-byte aligned buffers on this rank's device and one stream.
+    pub fn all_reduce_residual_rmsnorm(
+        &self,
+        input: BufferRef<'_>,
+        residual: BufferMut<'_>,
+        out: BufferMut<'_>,
+        weight: BufferRef<'_>,
+        eps: f32,
+    ) -> Result<()> {
+        self.group.live()?;
+        let name = self.name;
+        let hidden = weight.len();
+        let bytes = input.bytes();
+        let push = bytes <= self.layout.lcap
+            && matches!(self.algorithm.get(), None | Some(Algorithm::OneshotPush));
+        let mine = (|| {
+            let call = CallDescriptor::all_reduce(&input, &residual, ReduceOp::Sum)?;
+            for (what, d) in [
+                ("input", input.dtype()),
+                ("out", out.dtype()),
+                ("weight", weight.dtype()),
+            ] {
+                if d != DType::BF16 {
+                    return Err(Error::Unsupported(format!(
+                        "{name} fused rmsnorm: {what} must be bf16, is {d}"
+                    )));
+                }
+            }
+            if out.len() != input.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "{name} fused rmsnorm: out holds {} elements, input {}",
+                    out.len(),
+                    input.len()
+                )));
+            }
+            if hidden == 0 || hidden % 8 != 0 || input.len() % hidden != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{name} fused rmsnorm: {} elements are not rows of hidden = {hidden} \
+                     (a non-zero multiple of 8)",
+                    input.len()
+                )));
+            }
+            if [input.addr(), residual.addr(), out.addr(), weight.addr()]
+                .iter()
+                .any(|a| a % 16 != 0)
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "{name} fused rmsnorm: buffers must be 16-byte aligned"
+                )));
+            }
+            if bytes > self.layout.cap {
+                return Err(Error::Unsupported(format!(
+                    "{name} fused rmsnorm: {bytes} bytes exceed the maximum of {}",
+                    self.layout.cap
+                )));
+            }
+            let stream = self.stream_of(&[
+                input.location(),
+                residual.location(),
+                out.location(),
+                weight.location(),
+            ])?;
+            Ok((call, stream))
+        })();
+        let mut plan = vec![u8::from(push)];
+        plan.extend_from_slice(&(hidden as u64).to_le_bytes());
+        plan.extend_from_slice(&eps.to_bits().to_le_bytes());
+        let (_, stream) = self.agree(mine, &plan)?;
+        let rows = input.len() / hidden.max(1);
+        if rows == 0 {
+            return Ok(());
+        }
+        let args = PeerArgs {
+            input: input.addr() as u64,
+            output: out.addr() as u64,
+            residual: residual.addr() as u64,
+            weight: weight.addr() as u64,
+            count: input.len() as u64,
+            hidden: hidden as u64,
+            eps,
+            aligned: 1,
+            ..self.args()
+        };
+        let threads = (hidden / 8)
+            .next_multiple_of(32)
+            .clamp(32, self.config.threads as usize) as u32;
+        let blocks = rows.clamp(1, self.max_blocks as usize) as u32;
+        let kernel = if push {
+            "peer_fused_rmsnorm_push"
+        } else {
+            "peer_fused_rmsnorm_pull"
+        };
+        self.group.launch(kernel, (blocks, threads), stream, &args)
+    }
+}

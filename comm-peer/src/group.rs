@@ -1,0 +1,300 @@
+//! [`PeerGroup`]: the ranks of one peer-memory source and what runs on it: the kernels,
+//! the host-mapped status, the bound on waits, the poisoned flag, bounded host waits, and
+//! the signal primitives (`put_signal`, `wait_signal`, `barrier`) as one-block kernels.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use comm_core::cuda::cudarc::driver::CudaContext;
+use comm_core::cuda::stream::wait_stream;
+use comm_core::cuda::{DeviceBuffer, driver_error, probe};
+use comm_core::{Error, RawStream, Result};
+
+use crate::kernels::{Kernels, PeerArgs};
+use crate::layout::{CHANNELS, HEADER_BYTES, MAX_RANKS};
+use crate::source::PeerSource;
+use crate::status::Status;
+
+/// Host waits get this much longer than the kernels' own bound, so that a kernel that gives
+/// up is reported as a kernel timeout rather than a host one.
+pub const HOST_MARGIN: Duration = Duration::from_secs(5);
+
+/// What a rank prepares before any memory is exchanged (kernels compiled and loaded, the
+/// status allocated), so that a rank that cannot take part says so before the others
+/// allocate.
+#[derive(Debug)]
+pub struct Ready {
+    ctx: Arc<CudaContext>,
+    kernels: Kernels,
+    status: Status,
+}
+
+impl Ready {
+    /// Checks the world size, NVRTC and the context; compiles and loads the kernels.
+    pub fn new(ctx: &Arc<CudaContext>, world: usize) -> Result<Self> {
+        if world > MAX_RANKS {
+            return Err(Error::Unsupported(format!(
+                "peer memory: at most {MAX_RANKS} ranks, got {world}"
+            )));
+        }
+        probe::nvrtc()?;
+        Ok(Ready {
+            ctx: ctx.clone(),
+            kernels: Kernels::load(ctx)?,
+            status: Status::new(ctx)?,
+        })
+    }
+
+    /// The context it was prepared on.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+/// One rank's view of a peer-memory group (see the module docs).
+pub struct PeerGroup {
+    ctx: Arc<CudaContext>,
+    rank: usize,
+    world: usize,
+    source: Box<dyn PeerSource>,
+    kernels: Kernels,
+    status: Status,
+    timeout: Duration,
+    dead: RefCell<Option<String>>,
+}
+
+impl fmt::Debug for PeerGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeerGroup")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("device", &self.ctx.ordinal())
+            .field("source", &self.source)
+            .field("timeout", &self.timeout)
+            .field("dead", &self.dead)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PeerGroup {
+    /// Rank `rank` of `world` over `source`, whose regions every rank has mapped.
+    pub fn new(
+        ready: Ready,
+        rank: usize,
+        world: usize,
+        source: Box<dyn PeerSource>,
+        timeout: Duration,
+    ) -> Self {
+        PeerGroup {
+            ctx: ready.ctx,
+            rank,
+            world,
+            source,
+            kernels: ready.kernels,
+            status: ready.status,
+            timeout,
+            dead: RefCell::new(None),
+        }
+    }
+
+    /// The context the regions live in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// Most ranks sharing one device (all of them: the kernels need only `.gpu` scope).
+    pub fn sharing(&self) -> usize {
+        self.source.sharing()
+    }
+
+    /// Every rank's region as mapped in this process (device addresses), by rank.
+    pub fn peer_ptrs(&self) -> &[u64] {
+        self.source.ptrs()
+    }
+
+    /// The device array of every rank's region address ([`MAX_RANKS`] entries).
+    pub fn device_table(&self) -> u64 {
+        self.source.table()
+    }
+
+    /// The bound on waits (kernels and host).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sets the bound on waits.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// `Err(Aborted)` once a wait has timed out (or another fatal error happened), and
+    /// `Err(Timeout)` (poisoning the group) when a kernel has just recorded one.
+    pub fn live(&self) -> Result<()> {
+        if let Some(why) = &*self.dead.borrow() {
+            return Err(Error::Aborted(format!("peer memory: {why}")));
+        }
+        self.status.check(self.timeout).map_err(|e| self.fail(e))
+    }
+
+    /// Marks the group unusable after a fatal error; returns the error.
+    pub fn fail(&self, e: Error) -> Error {
+        if e.is_fatal() {
+            self.dead.borrow_mut().get_or_insert_with(|| e.to_string());
+        }
+        e
+    }
+
+    /// Waits for the work enqueued on `stream`, bounded by the timeout (plus a margin);
+    /// `Error::Timeout` if a kernel gave up waiting for a peer. Not while `stream` is being
+    /// captured. Polls rather than blocks, so that it never sits behind another in-process
+    /// rank's spinning kernel.
+    pub fn synchronize(&self, stream: RawStream) -> Result<()> {
+        if let Some(why) = &*self.dead.borrow() {
+            return Err(Error::Aborted(format!("peer memory: {why}")));
+        }
+        let (status, timeout) = (&self.status, self.timeout);
+        wait_stream(&self.ctx, stream, timeout + HOST_MARGIN, || {
+            status.check(timeout)
+        })
+        .and_then(|()| status.check(timeout))
+        .map_err(|e| self.fail(e))
+    }
+
+    /// The kernel arguments every launch shares.
+    pub(crate) fn base_args(&self) -> PeerArgs {
+        PeerArgs {
+            regions: self.source.table(),
+            status: self.status.device_ptr(),
+            timeout_ns: self.timeout.as_nanos().min(u128::from(u64::MAX)) as u64,
+            rank: self.rank as u32,
+            world: self.world as u32,
+            gpu_scope: u32::from(self.source.sharing() == self.world),
+            ..PeerArgs::default()
+        }
+    }
+
+    /// Enqueues kernel `name` with `(blocks, threads)` on `stream`.
+    pub(crate) fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32),
+        stream: RawStream,
+        args: &PeerArgs,
+    ) -> Result<()> {
+        self.kernels.launch(name, grid, stream, args)
+    }
+
+    fn primitive(
+        &self,
+        kernel: &str,
+        stream: RawStream,
+        peer: usize,
+        channel: usize,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.live()?;
+        if channel >= CHANNELS {
+            return Err(Error::InvalidArgument(format!(
+                "peer memory: channel {channel} of {CHANNELS}"
+            )));
+        }
+        if peer >= self.world || (peer == self.rank && kernel != "peer_barrier_kernel") {
+            return Err(Error::InvalidArgument(format!(
+                "peer memory: peer {peer} (rank {} of {})",
+                self.rank, self.world
+            )));
+        }
+        let args = PeerArgs {
+            peer: peer as u32,
+            channel: channel as u32,
+            timeout_ns: timeout.as_nanos().min(u128::from(u64::MAX)) as u64,
+            ..self.base_args()
+        };
+        self.launch(kernel, (1, 32), stream, &args)
+    }
+
+    /// Enqueues on `stream`: the next signal to `peer` on `channel` (everything this
+    /// rank's stream wrote before is visible to `peer` once its matching wait returns).
+    pub fn put_signal(&self, stream: RawStream, peer: usize, channel: usize) -> Result<()> {
+        self.primitive(
+            "peer_put_signal_kernel",
+            stream,
+            peer,
+            channel,
+            self.timeout,
+        )
+    }
+
+    /// Enqueues on `stream`: a wait for `peer`'s next signal on `channel`, at most
+    /// `timeout`; [`Self::synchronize`] reports a wait that gave up as `Error::Timeout`.
+    pub fn wait_signal(
+        &self,
+        stream: RawStream,
+        peer: usize,
+        channel: usize,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.primitive("peer_wait_signal_kernel", stream, peer, channel, timeout)
+    }
+
+    /// Enqueues on `stream`: a signal to every peer on `channel`, then a wait for all.
+    pub fn barrier(&self, stream: RawStream, channel: usize) -> Result<()> {
+        self.primitive(
+            "peer_barrier_kernel",
+            stream,
+            self.rank,
+            channel,
+            self.timeout,
+        )
+    }
+}
+
+/// Zeroes the header (flags, counters) of the region at `base` and fills `sentinel` (a
+/// range of region offsets) with the Lamport sentinel; returns once done, before any peer
+/// can see the region.
+pub fn init_region(
+    ctx: &Arc<CudaContext>,
+    base: u64,
+    size: usize,
+    sentinel: std::ops::Range<usize>,
+) -> Result<()> {
+    use comm_core::cuda::cudarc::driver::result;
+    if sentinel.start > sentinel.end || sentinel.end > size || size < HEADER_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "peer memory: sentinel range {sentinel:?} outside a region of {size} bytes"
+        )));
+    }
+    ctx.bind_to_thread().map_err(driver_error)?;
+    let stream = ctx.default_stream();
+    // SAFETY: both ranges lie inside the region (checked above; the header is its first
+    // HEADER_BYTES); the stream is synchronised before returning.
+    unsafe {
+        result::memset_d8_async(base, 0, HEADER_BYTES, stream.cu_stream()).map_err(driver_error)?;
+        result::memset_d8_async(
+            base + sentinel.start as u64,
+            0xff,
+            sentinel.len(),
+            stream.cu_stream(),
+        )
+        .map_err(driver_error)?;
+    }
+    stream.synchronize().map_err(driver_error)
+}
+
+/// A region's own buffer initialised by [`init_region`] (for [`crate::Registered::new`]).
+pub fn init_buffer(buf: &mut DeviceBuffer, sentinel: std::ops::Range<usize>) -> Result<()> {
+    let ctx = buf.context().clone();
+    init_region(&ctx, buf.device_ptr(), buf.bytes(), sentinel)
+}

@@ -1,0 +1,261 @@
+//! The kernels of `kernels/peer_collectives.cu` (with `peer_io.cuh` and `peer_sync.cuh`
+//! prepended): the source registration, the argument block, grid sizes, every function
+//! loaded up front, and the one launch path every kernel goes through (so that launch attributes, such
+//! as programmatic dependent launch, are set in one place).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result};
+use comm_core::cuda::stream::cu_stream;
+use comm_core::cuda::{KernelCache, KernelSource, driver_error};
+use comm_core::{DType, Error, RawStream, ReduceOp, Result};
+
+use crate::algorithm::Algorithm;
+use crate::layout::MAX_BLOCKS;
+
+/// Every kernel of the layer as one NVRTC program: the headers are prepended, so no
+/// include path is needed for them.
+pub const COLLECTIVES: KernelSource = KernelSource {
+    name: "peer_collectives.cu",
+    source: concat!(
+        include_str!("../kernels/peer_io.cuh"),
+        include_str!("../kernels/peer_sync.cuh"),
+        include_str!("../kernels/peer_collectives.cu")
+    ),
+};
+
+/// Every kernel source of `comm-peer` (for the `kernels` builder).
+pub const KERNELS: &[KernelSource] = &[COLLECTIVES];
+
+/// Dtypes the kernels handle.
+pub const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+/// Ops the kernels handle.
+pub const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
+
+/// The kernels' `PeerArgs`, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PeerArgs {
+    pub input: u64,
+    pub output: u64,
+    pub residual: u64,
+    pub weight: u64,
+    pub regions: u64,
+    pub inputs: u64,
+    pub status: u64,
+    pub in_off: u64,
+    pub count: u64,
+    pub cap: u64,
+    pub lcap: u64,
+    pub slice_cap: u64,
+    pub off_data: u64,
+    pub off_tmp: u64,
+    pub off_push: u64,
+    pub off_recv: u64,
+    pub off_result: u64,
+    pub timeout_ns: u64,
+    pub hidden: u64,
+    pub eps: f32,
+    pub rank: u32,
+    pub world: u32,
+    pub aligned: u32,
+    pub gpu_scope: u32,
+    pub root: u32,
+    pub peer: u32,
+    pub channel: u32,
+}
+
+/// The name of an all-reduce kernel: `peer_<algorithm>_<dtype>_<op>`.
+pub(crate) fn all_reduce_kernel(algorithm: Algorithm, dtype: DType, op: ReduceOp) -> String {
+    format!(
+        "peer_{}_{}_{}",
+        algorithm.kernel_stem(),
+        dtype.name(),
+        op.name()
+    )
+}
+
+/// The name of a reduce-scatter kernel: `peer_reduce_scatter_<dtype>_<op>`.
+pub(crate) fn reduce_scatter_kernel(dtype: DType, op: ReduceOp) -> String {
+    format!("peer_reduce_scatter_{}_{}", dtype.name(), op.name())
+}
+
+/// Blocks for one launch over `work` items (one per thread), at most `max_blocks`. Every
+/// rank computes the same number (the per-block barriers pair blocks by index).
+pub(crate) fn blocks(work: usize, threads: u32, max_blocks: u32) -> u32 {
+    work.div_ceil(threads as usize)
+        .clamp(1, max_blocks.clamp(1, MAX_BLOCKS) as usize) as u32
+}
+
+/// Work items (16-byte vectors per thread) of an all-reduce of `count` elements.
+pub(crate) fn all_reduce_work(
+    algorithm: Algorithm,
+    dtype: DType,
+    count: usize,
+    world: usize,
+) -> usize {
+    let nvec = count.div_ceil(16 / dtype.size());
+    match algorithm {
+        Algorithm::OneshotPull | Algorithm::OneshotPush => nvec,
+        Algorithm::TwoshotPull | Algorithm::TwoshotPush => nvec.div_ceil(world.max(1)),
+    }
+}
+
+/// Every kernel of [`COLLECTIVES`], by name.
+fn every_kernel_name() -> Vec<String> {
+    let mut names: Vec<String> = [
+        "peer_all_gather",
+        "peer_broadcast",
+        "peer_fused_rmsnorm_push",
+        "peer_fused_rmsnorm_pull",
+        "peer_barrier_kernel",
+        "peer_put_signal_kernel",
+        "peer_wait_signal_kernel",
+    ]
+    .map(String::from)
+    .to_vec();
+    for dtype in DTYPES {
+        for op in OPS {
+            for algorithm in Algorithm::ALL {
+                names.push(all_reduce_kernel(algorithm, dtype, op));
+            }
+            names.push(reduce_scatter_kernel(dtype, op));
+        }
+    }
+    names
+}
+
+/// The module of one context and every function of it.
+#[derive(Debug)]
+pub(crate) struct Kernels {
+    ctx: Arc<CudaContext>,
+    functions: HashMap<String, CudaFunction>,
+}
+
+impl Kernels {
+    /// Compiles (or finds in the cache) and loads the module and every function of it.
+    ///
+    /// All of them now, not at first use: under CUDA's lazy loading, getting a function
+    /// loads it and may wait for the whole context, and a rank that did so while a peer's
+    /// kernel spins on the same device waiting for this rank would never return.
+    pub(crate) fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let cache = KernelCache::global();
+        let functions = every_kernel_name()
+            .into_iter()
+            .map(|name| {
+                let f = cache.function(ctx, &COLLECTIVES, &name)?;
+                Ok((name, f))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Kernels {
+            ctx: ctx.clone(),
+            functions,
+        })
+    }
+
+    fn function(&self, name: &str) -> Result<&CudaFunction> {
+        self.functions.get(name).ok_or_else(|| Error::Backend {
+            backend: "cuda",
+            source: format!("peer memory: no kernel named {name}").into(),
+        })
+    }
+
+    /// Enqueues kernel `name` on `stream` with `(blocks, threads)`.
+    pub(crate) fn launch(
+        &self,
+        name: &str,
+        (blocks, threads): (u32, u32),
+        stream: RawStream,
+        args: &PeerArgs,
+    ) -> Result<()> {
+        let f = self.function(name)?;
+        self.ctx.bind_to_thread().map_err(driver_error)?;
+        let mut args = *args;
+        let mut params = [&mut args as *mut PeerArgs as *mut c_void];
+        // SAFETY: the function comes from a module loaded into this context; its one
+        // parameter is `PeerArgs`, which `PeerArgs` here mirrors (#[repr(C)]); the driver
+        // copies the parameter before returning.
+        unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                (blocks, 1, 1),
+                (threads, 1, 1),
+                0,
+                cu_stream(stream),
+                &mut params,
+            )
+        }
+        .map_err(driver_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_match_the_kernel_struct() {
+        // 19 u64 (7 of them pointers), one f32, 7 u32: no padding.
+        assert_eq!(std::mem::size_of::<PeerArgs>(), 19 * 8 + 8 * 4);
+        assert_eq!(std::mem::align_of::<PeerArgs>(), 8);
+    }
+
+    #[test]
+    fn grids_are_bounded_and_cover_small_messages_with_one_block() {
+        let g = |a, count| blocks(all_reduce_work(a, DType::BF16, count, 8), 512, 16);
+        assert_eq!(g(Algorithm::OneshotPull, 1), 1);
+        assert_eq!(g(Algorithm::OneshotPull, 21504), 6); // 42 KB bf16: 2688 vectors
+        assert_eq!(g(Algorithm::TwoshotPull, 21504), 1);
+        assert_eq!(g(Algorithm::TwoshotPush, 32 << 20), 16);
+        assert_eq!(blocks(1 << 30, 512, 1000), MAX_BLOCKS);
+    }
+
+    #[test]
+    fn every_loaded_name_is_a_kernel_of_the_source() {
+        let names = every_kernel_name();
+        assert_eq!(names.len(), 7 + 3 * 4 * 5);
+        for n in names
+            .iter()
+            .filter(|n| !n.contains("_f32_") && !n.contains("_f16_") && !n.contains("_bf16_"))
+        {
+            assert!(COLLECTIVES.source.contains(&format!("{n}(")), "{n}");
+        }
+    }
+
+    #[test]
+    fn every_kernel_name_is_built_by_the_source() {
+        let src = COLLECTIVES.source;
+        for a in Algorithm::ALL {
+            assert!(
+                src.contains(&format!(", {}, DT, DNAME", a.kernel_stem())),
+                "{a}"
+            );
+        }
+        for d in DTYPES {
+            assert!(src.contains(&format!(
+                "PEER_DTYPE(COMM_{}, {})",
+                d.name().to_uppercase(),
+                d.name()
+            )));
+        }
+        for o in OPS {
+            assert!(src.contains(&format!(", {})", o.name())), "{o}");
+        }
+        for k in [
+            "peer_all_gather(",
+            "peer_broadcast(",
+            "peer_fused_rmsnorm_push(",
+            "peer_fused_rmsnorm_pull(",
+            "peer_barrier_kernel(",
+            "peer_put_signal_kernel(",
+            "peer_wait_signal_kernel(",
+            "peer_reduce_scatter_##DNAME",
+        ] {
+            assert!(src.contains(k), "{k}");
+        }
+        // The headers are prepended, never included.
+        assert!(!src.contains("#include \"peer_"));
+    }
+}

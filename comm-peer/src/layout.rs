@@ -1,0 +1,149 @@
+//! Where everything lives inside one rank's region; mirrors the top of
+//! `kernels/peer_sync.cuh` (keep the two in step).
+//!
+//! A header (barrier flags and signal slots that peers write, then this rank's own state),
+//! the staged inputs (two, by call parity), the two-shot pull's reduced slice, and the
+//! Lamport mailboxes (three rotating buffers each). Every area starts on a 256-byte
+//! boundary, so every 16-byte vector access is aligned.
+
+/// Most ranks the kernels handle (flag slots and pointer tables are sized for it).
+pub const MAX_RANKS: usize = 8;
+/// Most blocks per launch (flag slots per barrier set).
+pub const MAX_BLOCKS: u32 = 128;
+/// Most threads per block (the kernels' `__launch_bounds__`).
+pub const MAX_THREADS: u32 = 512;
+/// User signal channels of the primitives.
+pub const CHANNELS: usize = 4;
+/// Bytes of the pad peers write: `flags[2][MAX_BLOCKS][MAX_RANKS]` + `chan[CHANNELS][MAX_RANKS]`.
+pub const PAD_BYTES: usize = (2 * MAX_BLOCKS as usize * MAX_RANKS + CHANNELS * MAX_RANKS) * 4;
+/// Offset of this rank's own state (`PeerState`).
+pub const STATE_OFFSET: usize = 12 << 10;
+/// Bytes of `PeerState`: 4 u32, 3 x 3 u64, 2 x CHANNELS x MAX_RANKS u32.
+pub const STATE_BYTES: usize = 16 + 72 + 2 * CHANNELS * MAX_RANKS * 4;
+/// Bytes before the first data area.
+pub const HEADER_BYTES: usize = 16 << 10;
+/// Lamport buffers that rotate.
+pub const LAMPORT_BUFFERS: usize = 3;
+
+const ALIGN: usize = 256;
+
+/// Offsets (bytes) of the areas of one region, the same on every rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Ranks.
+    pub world: usize,
+    /// Bytes of one staging half: the largest message, rounded up.
+    pub cap: usize,
+    /// Bytes of one Lamport sender slot: the largest push message, rounded up.
+    pub lcap: usize,
+    /// Bytes of one two-shot push slice slot (`lcap / world`, rounded up to 16).
+    pub slice_cap: usize,
+    /// Two staged inputs (`2 * cap`).
+    pub off_data: usize,
+    /// Two-shot pull's reduced slice (`cap`).
+    pub off_tmp: usize,
+    /// One-shot push mailboxes (`3 * world * lcap`).
+    pub off_push: usize,
+    /// Two-shot push slice mailboxes (`3 * world * slice_cap`).
+    pub off_recv: usize,
+    /// Two-shot push result mailboxes (`3 * lcap`).
+    pub off_result: usize,
+    /// Size of the whole region.
+    pub total: usize,
+}
+
+impl Layout {
+    /// The layout for `world` ranks, messages of up to `max_bytes` and push (Lamport)
+    /// messages of up to `lamport_bytes`.
+    pub fn new(world: usize, max_bytes: usize, lamport_bytes: usize) -> Layout {
+        let world = world.max(1);
+        let cap = max_bytes.max(16).next_multiple_of(ALIGN);
+        let lcap = lamport_bytes.max(16).next_multiple_of(ALIGN);
+        let slice_cap = (lcap / 16).div_ceil(world) * 16;
+        let mut at = HEADER_BYTES;
+        let mut area = |bytes: usize| {
+            let start = at;
+            at = (at + bytes).next_multiple_of(ALIGN);
+            start
+        };
+        let off_data = area(2 * cap);
+        let off_tmp = area(cap);
+        let off_push = area(LAMPORT_BUFFERS * world * lcap);
+        let off_recv = area(LAMPORT_BUFFERS * world * slice_cap);
+        let off_result = area(LAMPORT_BUFFERS * lcap);
+        Layout {
+            world,
+            cap,
+            lcap,
+            slice_cap,
+            off_data,
+            off_tmp,
+            off_push,
+            off_recv,
+            off_result,
+            total: at,
+        }
+    }
+
+    /// The byte range that must start as the Lamport sentinel (all bits set).
+    pub fn lamport_range(&self) -> std::ops::Range<usize> {
+        self.off_push..self.total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn areas_are_aligned_disjoint_and_large_enough() {
+        for world in 1..=MAX_RANKS {
+            for (max, lam) in [
+                (1, 1),
+                (15, 15),
+                (42 * 1024, 1 << 20),
+                ((8 << 20) + 2, 8 << 20),
+            ] {
+                let l = Layout::new(world, max, lam);
+                assert!(l.cap >= max && l.cap % 16 == 0);
+                assert!(l.lcap >= lam && l.lcap % 16 == 0);
+                assert!(l.slice_cap * world >= l.lcap && l.slice_cap % 16 == 0);
+                let starts = [l.off_data, l.off_tmp, l.off_push, l.off_recv, l.off_result];
+                let sizes = [
+                    2 * l.cap,
+                    l.cap,
+                    3 * world * l.lcap,
+                    3 * world * l.slice_cap,
+                    3 * l.lcap,
+                ];
+                assert!(starts[0] >= HEADER_BYTES);
+                for i in 0..starts.len() {
+                    assert_eq!(starts[i] % ALIGN, 0);
+                    let end = starts[i] + sizes[i];
+                    let next = starts.get(i + 1).copied().unwrap_or(l.total);
+                    assert!(end <= next, "world {world} max {max} area {i}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn header_holds_pad_and_state() {
+        const { assert!(PAD_BYTES <= STATE_OFFSET) };
+        const { assert!(STATE_OFFSET + STATE_BYTES <= HEADER_BYTES) };
+    }
+
+    #[test]
+    fn constants_match_the_kernel_header() {
+        let h = include_str!("../kernels/peer_sync.cuh");
+        for (name, v) in [
+            ("PEER_MAX_RANKS", MAX_RANKS),
+            ("PEER_MAX_BLOCKS", MAX_BLOCKS as usize),
+            ("PEER_MAX_THREADS", MAX_THREADS as usize),
+            ("PEER_CHANNELS", CHANNELS),
+            ("PEER_STATE_OFFSET", STATE_OFFSET),
+        ] {
+            assert!(h.contains(&format!("#define {name} {v}\n")), "{name} {v}");
+        }
+    }
+}

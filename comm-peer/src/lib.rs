@@ -1,0 +1,53 @@
+//! `comm-peer`: the GPU peer-memory layer of the comm crates. Not a backend: the backends
+//! that own peer memory (comm-ipc: CUDA IPC handles of `cuMemAlloc` regions and registered
+//! buffers; comm-symm: a symmetric heap of VMM or IPC segments) plug a [`PeerSource`] into
+//! it, and get every collective from here.
+//!
+//! How it works: every rank owns one region that every rank can address ([`layout`]:
+//! barrier flags and signal slots that peers store into, this rank's own call counter and
+//! Lamport bookkeeping, staged inputs, Lamport mailboxes). One NVRTC program
+//! (`kernels/peer_io.cuh`, `kernels/peer_sync.cuh`, `kernels/peer_collectives.cu`) holds
+//! every kernel: one-shot/two-shot all-reduce by pull (flag barrier: counters stored with
+//! release, read with acquire, two alternating sets, no peer atomics) or push (Lamport:
+//! sentinel-filled mailboxes, three rotating buffers, no barrier), reduce-scatter,
+//! all-gather, broadcast, the fused all-reduce + residual + RMSNorm, and signal
+//! primitives. Every element is reduced in rank order in f32, so every rank holds the same
+//! bits. Every spin is bounded: a kernel that gives up records why in host-mapped memory
+//! ([`PeerGroup`]), the host reports `Error::Timeout`, and the communicator is `Aborted`
+//! from then on. Everything that changes per call lives on the device, so calls can be
+//! captured into CUDA graphs.
+//!
+//! - [`PeerComm`]: the communicator (join, per-call checks, optional host agreement,
+//!   collectives, zero-copy buffers from [`PeerComm::alloc`]); backends wrap it and
+//!   implement `Communicator` with [`forward_communicator!`].
+//! - [`PeerGroup`]: the ranks, kernels, status, bounded waits and signal primitives.
+//! - [`Registered`]: memory registered with every rank through CUDA IPC.
+//! - [`PeerConfig`] / [`config::Env`]: settings, and the one way to read them from the
+//!   environment (`<PREFIX>_MAX_BYTES`, `_ALGO`, `_TIMEOUT_SECS`, `_VALIDATE`, ...).
+#![warn(missing_docs)]
+
+pub mod algorithm;
+mod collectives;
+mod comm;
+mod communicator;
+pub mod config;
+mod fused;
+mod group;
+pub mod kernels;
+pub mod layout;
+mod registered;
+mod source;
+mod status;
+mod zero_copy;
+
+pub use algorithm::Algorithm;
+pub use comm::{MakeSource, PeerComm, device_for, refuse_join};
+pub use config::PeerConfig;
+pub use group::{HOST_MARGIN, PeerGroup, Ready, init_buffer, init_region};
+pub use kernels::KERNELS;
+pub use registered::Registered;
+pub use source::{PeerSource, device_table, sharing, uuid};
+pub use zero_copy::PeerBuffer;
+
+#[doc(hidden)]
+pub use comm_core as __core;

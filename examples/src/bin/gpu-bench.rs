@@ -1,0 +1,103 @@
+//! `gpu-bench`: graph-replay timings of every algorithm and of the fused op of a GPU
+//! backend over peer memory (see `comm_examples::gpu::bench`).
+//!
+//! ```text
+//! gpu-bench --backend ipc|symm-cuda [--ranks 8] [--algo NAME,...] [--iters 1000] [--batch 20]
+//!           [--threads 512] [--max-blocks N] [--backing auto|vmm|ipc]
+//! mpirun -np 2 gpu-bench --backend ipc --procs     # one rank per process (and GPU)
+//! ```
+//!
+//! Exits 1 when a checked result was wrong, 2 on a usage error. `COMM_TIMEOUT_SECS` bounds
+//! every wait.
+
+use std::process::ExitCode;
+
+use comm_examples::gpu::bench::{Options, run};
+use comm_peer::Algorithm;
+use comm_symm::cuda::Backing;
+
+const USAGE: &str = "usage: gpu-bench --backend ipc|symm-cuda [--ranks N | --procs] \
+                     [--algo NAME,...] [--iters N] [--batch N] [--threads N] [--max-blocks N] \
+                     [--backing auto|vmm|ipc]";
+
+fn main() -> ExitCode {
+    let opts = match parse() {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("gpu-bench: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&opts) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("gpu-bench: FAILED: a result was wrong or differed across ranks");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("gpu-bench: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse() -> Result<Option<Options>, String> {
+    use lexopt::prelude::*;
+    let mut backend = None;
+    let mut opts = Options {
+        backend: comm_examples::gpu::Backend::Ipc,
+        algos: Algorithm::ALL.to_vec(),
+        ranks: Some(8),
+        iters: 1000,
+        batch: 20,
+        backing: Backing::Auto,
+        threads: comm_peer::config::DEFAULT_THREADS,
+        max_blocks: None,
+    };
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
+        let number = |v: String, what: &str| -> Result<usize, String> {
+            v.parse()
+                .map_err(|_| format!("{what}: a number, got `{v}`"))
+        };
+        match arg {
+            Long("backend") => {
+                backend = Some(value(&mut parser)?.parse().map_err(|e| format!("{e}"))?)
+            }
+            Long("algo") | Long("algos") => {
+                opts.algos = value(&mut parser)?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("{e}"))?;
+            }
+            Long("ranks") => opts.ranks = Some(number(value(&mut parser)?, "--ranks")?),
+            Long("procs") => opts.ranks = None,
+            Long("iters") => opts.iters = number(value(&mut parser)?, "--iters")?.max(1),
+            Long("batch") => opts.batch = number(value(&mut parser)?, "--batch")?.max(1),
+            Long("threads") => opts.threads = number(value(&mut parser)?, "--threads")? as u32,
+            Long("max-blocks") => {
+                opts.max_blocks = Some(number(value(&mut parser)?, "--max-blocks")? as u32)
+            }
+            Long("backing") => {
+                opts.backing = Backing::parse(&value(&mut parser)?).map_err(|e| format!("{e}"))?
+            }
+            Short('h') | Long("help") => return Ok(None),
+            other => return Err(other.unexpected().to_string()),
+        }
+    }
+    opts.backend = backend.ok_or("--backend is required")?;
+    Ok(Some(opts))
+}
+
+fn value(parser: &mut lexopt::Parser) -> Result<String, String> {
+    parser
+        .value()
+        .map_err(|e| e.to_string())?
+        .into_string()
+        .map_err(|v| format!("not text: {v:?}"))
+}

@@ -1,0 +1,124 @@
+//! `gpu-check`: the device checks of a GPU backend over peer memory (see
+//! `comm_examples::gpu::check`).
+//!
+//! ```text
+//! mpirun -np 2 gpu-check --backend ipc|symm-cuda [--algo NAME,...] [--quick] [--cycles N]
+//!                        [--backing auto|vmm|ipc]
+//! gpu-check --backend ipc --ranks 2      # in-process ranks, one thread each
+//! ```
+//!
+//! One rank per process (mpirun, or the RANK/WORLD_SIZE environment), or `--ranks N`
+//! threads of this process (rank r on GPU r % devices). Prints PASS/FAIL per check; exits
+//! 1 on any failure, 2 on a usage error. `COMM_TIMEOUT_SECS` bounds every wait.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use comm_core::{Bootstrap, EnvBootstrap, ThreadsBootstrap};
+use comm_examples::gpu::check::{Options, run_rank};
+use comm_peer::Algorithm;
+use comm_symm::cuda::Backing;
+
+const USAGE: &str = "usage: gpu-check --backend ipc|symm-cuda [--algo NAME,...] [--quick] \
+                     [--cycles N] [--backing auto|vmm|ipc] [--ranks N]";
+
+fn main() -> ExitCode {
+    let (opts, ranks) = match parse() {
+        Ok(Some(v)) => v,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("gpu-check: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let passed = match ranks {
+        Some(n) => {
+            let handles: Vec<_> = ThreadsBootstrap::create(n)
+                .into_iter()
+                .map(|b| {
+                    let opts = opts.clone();
+                    std::thread::spawn(move || run_rank(Arc::new(b), &opts))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(false))
+                .fold(true, |a, b| a & b)
+        }
+        None => match EnvBootstrap::from_env() {
+            Ok(b) => run_rank(Arc::new(b) as Arc<dyn Bootstrap>, &opts),
+            Err(e) => {
+                eprintln!("gpu-check: bootstrap: {e}");
+                false
+            }
+        },
+    };
+    if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn parse() -> Result<Option<(Options, Option<usize>)>, String> {
+    use lexopt::prelude::*;
+    let mut backend = None;
+    let mut opts = Options {
+        backend: comm_examples::gpu::Backend::Ipc,
+        algos: Algorithm::ALL.to_vec(),
+        quick: false,
+        cycles: 1000,
+        backing: Backing::Auto,
+    };
+    let mut cycles = None;
+    let mut ranks = None;
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
+        match arg {
+            Long("backend") => {
+                backend = Some(value(&mut parser)?.parse().map_err(|e| format!("{e}"))?)
+            }
+            Long("algo") | Long("algos") => {
+                opts.algos = value(&mut parser)?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("{e}"))?;
+            }
+            Long("quick") => opts.quick = true,
+            Long("cycles") => {
+                cycles = Some(
+                    value(&mut parser)?
+                        .parse()
+                        .map_err(|_| "--cycles: a number")?,
+                )
+            }
+            Long("backing") => {
+                opts.backing = Backing::parse(&value(&mut parser)?).map_err(|e| format!("{e}"))?
+            }
+            Long("ranks") => {
+                ranks = Some(
+                    value(&mut parser)?
+                        .parse()
+                        .map_err(|_| "--ranks: a number")?,
+                )
+            }
+            Short('h') | Long("help") => return Ok(None),
+            other => return Err(other.unexpected().to_string()),
+        }
+    }
+    opts.backend = backend.ok_or("--backend is required")?;
+    opts.cycles = cycles.unwrap_or(if opts.quick { 100 } else { 1000 });
+    Ok(Some((opts, ranks)))
+}
+
+fn value(parser: &mut lexopt::Parser) -> Result<String, String> {
+    parser
+        .value()
+        .map_err(|e| e.to_string())?
+        .into_string()
+        .map_err(|v| format!("not text: {v:?}"))
+}

@@ -1,0 +1,130 @@
+//! The device checker (`gpu-check`) and bench (`gpu-bench`) of the GPU backends built on the
+//! peer-memory layer: one program each drives every backend (`--backend ipc|symm-cuda`).
+
+pub mod bench;
+pub mod check;
+pub mod data;
+mod zero_copy;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use comm_core::{Bootstrap, Error, Result};
+use comm_ipc::IpcComm;
+use comm_peer::{PeerComm, PeerConfig};
+use comm_symm::cuda::{Backing, CudaSymmComm, CudaSymmConfig};
+
+/// A GPU backend over peer memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// comm-ipc: CUDA IPC handles of `cuMemAlloc` regions.
+    Ipc,
+    /// comm-symm's CUDA heap: VMM segments (or legacy IPC).
+    SymmCuda,
+}
+
+impl FromStr for Backend {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "ipc" => Ok(Backend::Ipc),
+            "symm-cuda" | "symm" => Ok(Backend::SymmCuda),
+            other => Err(Error::InvalidArgument(format!(
+                "unknown GPU backend `{other}` (ipc or symm-cuda)"
+            ))),
+        }
+    }
+}
+
+impl Backend {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Ipc => "ipc",
+            Backend::SymmCuda => "symm-cuda",
+        }
+    }
+}
+
+/// A joined communicator of either backend.
+#[derive(Debug)]
+pub enum GpuComm {
+    /// comm-ipc.
+    Ipc(IpcComm),
+    /// comm-symm (CUDA).
+    Symm(CudaSymmComm),
+}
+
+impl GpuComm {
+    /// Collective: joins `backend` on `device` with `config` (and `backing` for symm-cuda).
+    pub fn join(
+        backend: Backend,
+        bootstrap: &Arc<dyn Bootstrap>,
+        device: usize,
+        config: PeerConfig,
+        backing: Backing,
+    ) -> Result<Self> {
+        match backend {
+            Backend::Ipc => IpcComm::new(bootstrap.clone(), device, config).map(GpuComm::Ipc),
+            Backend::SymmCuda => CudaSymmComm::new(
+                bootstrap.clone(),
+                device,
+                CudaSymmConfig {
+                    peer: config,
+                    backing,
+                },
+            )
+            .map(GpuComm::Symm),
+        }
+    }
+
+    /// The layer's communicator: every collective, the fused op, zero-copy buffers.
+    pub fn peer(&self) -> &PeerComm {
+        match self {
+            GpuComm::Ipc(c) => c,
+            GpuComm::Symm(c) => c,
+        }
+    }
+
+    /// The communicator as users hold it.
+    pub fn as_dyn(&self) -> &dyn comm_core::Communicator {
+        match self {
+            GpuComm::Ipc(c) => c,
+            GpuComm::Symm(c) => c,
+        }
+    }
+
+    /// One line on how the memory was obtained.
+    pub fn describe(&self) -> String {
+        let p = self.peer();
+        let memory = match self {
+            GpuComm::Ipc(_) => "CUDA IPC regions".to_string(),
+            GpuComm::Symm(c) => format!(
+                "{} heap, segment {} MiB",
+                if c.is_vmm() {
+                    "VMM (cuMemCreate + fd)"
+                } else {
+                    "legacy CUDA IPC"
+                },
+                c.segment_bytes() >> 20
+            ),
+        };
+        format!(
+            "{memory}, {} ranks share a device, {} blocks max, {} threads",
+            p.group().sharing(),
+            p.max_blocks(),
+            p.config().threads
+        )
+    }
+}
+
+/// The bound on waits of the programs: `COMM_TIMEOUT_SECS` when set, else `default`.
+pub fn timeout_or(default: Duration) -> Duration {
+    if std::env::var_os("COMM_TIMEOUT_SECS").is_some() {
+        comm_core::bootstrap::default_timeout()
+    } else {
+        default
+    }
+}
