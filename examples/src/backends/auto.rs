@@ -53,7 +53,7 @@ pub fn create_select(ctx: &RankContext) -> Result<SelectComm> {
     // Probing is collective, so every rank probes whatever rank 0 will use.
     let probed = comm_select::probe(bootstrap, device)?;
     options.topology.get_or_insert(probed);
-    SelectComm::new(bootstrap, members, options)
+    SelectComm::new(ctx.bootstrap().clone(), members, options)
 }
 
 /// This rank's CUDA ordinal when every rank sees a GPU (`local_rank % count`, the rule

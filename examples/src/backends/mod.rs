@@ -13,7 +13,7 @@ mod context;
 use comm_core::{BootstrapComm, Communicator, Error, LocalComm, Result};
 
 pub use auto::create_select;
-pub use context::{RankContext, SharedBootstrap, ThreadGroup};
+pub use context::{RankContext, ThreadGroup};
 
 use crate::launch::Mode;
 
@@ -159,7 +159,7 @@ fn create_local(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
 }
 
 fn create_bootstrap(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
-    Ok(Box::new(BootstrapComm::new(ctx.shared_bootstrap())))
+    Ok(Box::new(BootstrapComm::new(ctx.bootstrap().clone())))
 }
 
 fn create_symm(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
