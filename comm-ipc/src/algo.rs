@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use comm_core::{Error, Result};
+use comm_core::{Error, Result, TrafficPattern};
 
 /// One all-reduce algorithm of [`IpcComm`](crate::IpcComm).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -40,6 +40,16 @@ impl Algorithm {
             Algorithm::TwoshotPull => "twoshot-pull",
             Algorithm::OneshotPush => "oneshot-push",
             Algorithm::TwoshotPush => "twoshot-push",
+        }
+    }
+
+    /// How it moves data, for cost models.
+    pub const fn pattern(self) -> TrafficPattern {
+        match self {
+            Algorithm::OneshotPull => TrafficPattern::OneShotPull,
+            Algorithm::TwoshotPull => TrafficPattern::TwoShotPull,
+            Algorithm::OneshotPush => TrafficPattern::OneShotPush,
+            Algorithm::TwoshotPush => TrafficPattern::TwoShotPush,
         }
     }
 

@@ -2,7 +2,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use comm_core::call::{DESCRIPTOR_BYTES, decode_verdict, encode_verdict, settle};
@@ -11,7 +11,7 @@ use comm_core::cuda::stream::{cu_stream, wait_stream};
 use comm_core::cuda::{DeviceBuffer, driver_error, probe};
 use comm_core::{
     Bootstrap, BufferMut, BufferRef, CallDescriptor, Capabilities, Collective, Communicator, Error,
-    MemoryLocation, RawStream, ReduceOp, Result,
+    MemoryLocation, RawStream, ReduceOp, Result, TrafficPattern,
 };
 
 use crate::algo::Algorithm;
@@ -45,6 +45,8 @@ pub struct IpcComm {
     algorithm: Cell<Option<Algorithm>>,
     dead: RefCell<Option<String>>,
     registry: Arc<Registry>,
+    /// Computed on first use, then borrowed.
+    caps: OnceLock<Capabilities>,
 }
 
 impl fmt::Debug for IpcComm {
@@ -122,6 +124,7 @@ impl IpcComm {
             timeout,
             dead: RefCell::new(None),
             registry: Arc::new(Registry::default()),
+            caps: OnceLock::new(),
             ctx,
             bootstrap,
         })
@@ -481,17 +484,25 @@ impl Communicator for IpcComm {
         IpcComm::set_algorithm(self, algorithm)
     }
 
-    fn capabilities(&self) -> Capabilities {
-        let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
-        let mut caps = Capabilities::host_complete().with_algorithms(&names);
-        caps.collectives = vec![Collective::AllReduce, Collective::Barrier];
-        caps.dtypes = DTYPES.to_vec();
-        caps.ops = OPS.to_vec();
-        caps.host_memory = false;
-        caps.device_memory = true;
-        caps.max_bytes = Some(self.config.max_bytes);
-        caps.graph_capture_safe = true;
-        caps
+    fn capabilities(&self) -> &Capabilities {
+        self.caps.get_or_init(|| {
+            let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+            let patterns: Vec<(&str, TrafficPattern)> = Algorithm::ALL
+                .iter()
+                .map(|a| (a.name(), a.pattern()))
+                .collect();
+            let mut caps = Capabilities::host_complete()
+                .with_algorithms(&names)
+                .with_algorithm_patterns(&patterns);
+            caps.collectives = vec![Collective::AllReduce, Collective::Barrier];
+            caps.dtypes = DTYPES.to_vec();
+            caps.ops = OPS.to_vec();
+            caps.host_memory = false;
+            caps.device_memory = true;
+            caps.max_bytes = Some(self.config.max_bytes);
+            caps.graph_capture_safe = true;
+            caps
+        })
     }
 
     fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
@@ -500,29 +511,6 @@ impl Communicator for IpcComm {
 
     fn all_reduce_in_place(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<()> {
         self.reduce(None, buf, op)
-    }
-
-    fn all_gather(&self, _send: BufferRef<'_>, _recv: BufferMut<'_>) -> Result<()> {
-        Err(Error::Unsupported(
-            "ipc: all_gather is not implemented".into(),
-        ))
-    }
-
-    fn reduce_scatter(
-        &self,
-        _send: BufferRef<'_>,
-        _recv: BufferMut<'_>,
-        _op: ReduceOp,
-    ) -> Result<()> {
-        Err(Error::Unsupported(
-            "ipc: reduce_scatter is not implemented".into(),
-        ))
-    }
-
-    fn broadcast(&self, _buf: BufferMut<'_>, _root: usize) -> Result<()> {
-        Err(Error::Unsupported(
-            "ipc: broadcast is not implemented".into(),
-        ))
     }
 
     fn barrier(&self) -> Result<()> {

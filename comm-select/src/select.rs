@@ -255,7 +255,7 @@ impl SelectComm {
         let backends: Vec<Backend> = backends
             .into_iter()
             .map(|comm| Backend {
-                caps: comm.capabilities(),
+                caps: comm.capabilities().clone(),
                 comm,
                 current: Cell::new(None),
             })
@@ -313,12 +313,10 @@ impl SelectComm {
             .into_iter()
             .filter_map(|(i, a)| {
                 let name = self.backends[i].comm.name();
-                let t = self.model.predict_collective(
-                    call.collective,
-                    name,
-                    a.as_deref(),
-                    call.bytes,
-                )?;
+                let pattern = self.backends[i].caps.pattern_of(a.as_deref())?;
+                let t = self
+                    .model
+                    .predict_collective(call.collective, pattern, call.bytes)?;
                 Some(format!("{} {t:.1} us", label(name, a.as_deref())))
             })
             .collect();
@@ -441,12 +439,10 @@ impl SelectComm {
         let predicted = candidates
             .iter()
             .filter_map(|(i, a)| {
-                let t = self.model.predict_collective(
-                    call.collective,
-                    &name(*i),
-                    a.as_deref(),
-                    call.bytes,
-                )?;
+                let pattern = self.backends[*i].caps.pattern_of(a.as_deref())?;
+                let t = self
+                    .model
+                    .predict_collective(call.collective, pattern, call.bytes)?;
                 Some(((*i, a.clone()), t))
             })
             .min_by(|x, y| x.1.total_cmp(&y.1));
@@ -710,8 +706,8 @@ impl Communicator for SelectComm {
     }
 
     /// The union of the backends' capabilities.
-    fn capabilities(&self) -> Capabilities {
-        self.caps.clone()
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
     }
 
     fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {

@@ -79,6 +79,7 @@ pub struct HostSymmComm {
     lamport: Lamport,
     algorithm: Cell<Algorithm>,
     calls: Cell<u64>,
+    caps: Capabilities,
 }
 
 impl HostSymmComm {
@@ -96,12 +97,17 @@ impl HostSymmComm {
         let lamport = Lamport::new(&heap, 2 * layout.half, capacity);
         // Peers may write into this rank's Lamport inboxes only once they are reset.
         heap.barrier(PHASE_CHANNEL)?;
+        let mut caps = Capabilities::host_complete()
+            .with_algorithms(&Algorithm::NAMES)
+            .with_algorithm_patterns(&Algorithm::PATTERNS);
+        caps.max_bytes = Some(layout.max_bytes);
         Ok(HostSymmComm {
             heap,
             layout,
             lamport,
             algorithm: Cell::new(Algorithm::Auto),
             calls: Cell::new(0),
+            caps,
         })
     }
 
@@ -282,10 +288,8 @@ impl Communicator for HostSymmComm {
         self.heap.world_size()
     }
 
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::host_complete().with_algorithms(&Algorithm::NAMES);
-        caps.max_bytes = Some(self.layout.max_bytes);
-        caps
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
     }
 
     fn all_reduce(&self, send: BufferRef<'_>, mut recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {

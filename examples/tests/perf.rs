@@ -144,7 +144,7 @@ impl Communicator for Faulty {
     fn world_size(&self) -> usize {
         self.0.world_size()
     }
-    fn capabilities(&self) -> Capabilities {
+    fn capabilities(&self) -> &Capabilities {
         self.0.capabilities()
     }
     fn all_reduce(&self, send: BufferRef<'_>, mut recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {

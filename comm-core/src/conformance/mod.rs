@@ -219,7 +219,7 @@ impl<'a> Suite<'a> {
         config: &'a Config,
     ) -> Result<Self, Failure> {
         let caps = comm.capabilities();
-        let agreement = Agreement::pick(&caps).map_err(|e| failure("setup", e))?;
+        let agreement = Agreement::pick(caps).map_err(|e| failure("setup", e))?;
         let collectives = caps
             .collectives
             .iter()

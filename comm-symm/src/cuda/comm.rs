@@ -9,7 +9,7 @@
 
 use std::cell::Cell;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use comm_core::call::{DESCRIPTOR_BYTES, decode_verdict, encode_verdict, settle};
@@ -127,6 +127,8 @@ pub struct CudaSymmComm {
     algorithm: Cell<Algorithm>,
     max_blocks: u32,
     barrier_stream: Arc<CudaStream>,
+    /// Computed on first use, then borrowed.
+    caps: OnceLock<Capabilities>,
 }
 
 impl fmt::Debug for CudaSymmComm {
@@ -203,6 +205,7 @@ impl CudaSymmComm {
             layout,
             config,
             max_blocks,
+            caps: OnceLock::new(),
         })
     }
 
@@ -564,22 +567,26 @@ impl Communicator for CudaSymmComm {
         self.heap.world_size()
     }
 
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::host_complete().with_algorithms(&Algorithm::NAMES);
-        caps.collectives = vec![
-            Collective::AllReduce,
-            Collective::AllGather,
-            Collective::ReduceScatter,
-            Collective::Broadcast,
-            Collective::Barrier,
-        ];
-        caps.dtypes = DTYPES.to_vec();
-        caps.ops = OPS.to_vec();
-        caps.host_memory = false;
-        caps.device_memory = true;
-        caps.max_bytes = Some(self.layout.cap);
-        caps.graph_capture_safe = !self.config.validate;
-        caps
+    fn capabilities(&self) -> &Capabilities {
+        self.caps.get_or_init(|| {
+            let mut caps = Capabilities::host_complete()
+                .with_algorithms(&Algorithm::NAMES)
+                .with_algorithm_patterns(&Algorithm::PATTERNS);
+            caps.collectives = vec![
+                Collective::AllReduce,
+                Collective::AllGather,
+                Collective::ReduceScatter,
+                Collective::Broadcast,
+                Collective::Barrier,
+            ];
+            caps.dtypes = DTYPES.to_vec();
+            caps.ops = OPS.to_vec();
+            caps.host_memory = false;
+            caps.device_memory = true;
+            caps.max_bytes = Some(self.layout.cap);
+            caps.graph_capture_safe = !self.config.validate;
+            caps
+        })
     }
 
     fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
