@@ -28,6 +28,7 @@ use comm_core::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::backend::Memory;
 use crate::cost::CostModel;
 use crate::topology::{Link, Topology};
 use crate::tuning::TuningTable;
@@ -422,7 +423,12 @@ impl SelectComm {
                     .iter()
                     .any(|(i, ca)| name(*i) == b && ca.as_deref() == a)
             };
-            if let Some(t) = table.best(call.collective, call.dtype, call.bytes, accept) {
+            let memory = if call.device {
+                Memory::Device
+            } else {
+                Memory::Host
+            };
+            if let Some(t) = table.best(call.collective, call.dtype, call.bytes, memory, accept) {
                 let hit = candidates
                     .iter()
                     .find(|(i, a)| name(*i) == t.backend && *a == t.algorithm)

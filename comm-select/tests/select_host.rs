@@ -6,7 +6,7 @@ use comm_core::conformance::{self, After, Config, Disagreement, HostMemory};
 use comm_core::{
     Bootstrap, Communicator, CommunicatorExt, DType, Error, LocalComm, ReduceOp, ThreadsBootstrap,
 };
-use comm_select::{CallInfo, Measurement, SelectComm, SelectOptions, Source, TuningTable};
+use comm_select::{CallInfo, Measurement, Memory, SelectComm, SelectOptions, Source, TuningTable};
 use comm_symm::SymmComm;
 
 /// Runs `body` on `world` threads, each with a SelectComm over [local, symm] built with
@@ -117,6 +117,7 @@ fn a_tuning_table_overrides_the_cost_model() {
                 collective: "all_reduce".into(),
                 dtype: "f32".into(),
                 bytes: 4096,
+                memory: Some(Memory::Host),
                 backend: backend.into(),
                 algorithm: algorithm.map(String::from),
                 time_us: t,

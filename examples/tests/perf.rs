@@ -27,7 +27,7 @@ fn config(sizes: &[u64], dtype: DType, op: ReduceOp, check: bool) -> SweepConfig
 }
 
 fn local(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
-    (backends::find("local").unwrap().create)(ctx)
+    backends::find("local").unwrap().create(ctx)
 }
 
 fn sweep(
@@ -95,7 +95,7 @@ fn registered_backends_pass_the_check_for_every_dtype_and_op() {
                 for in_place in [false, true] {
                     let mut cfg = config(&[1, 24, 1000, 70_000], dtype, op, true);
                     cfg.in_place = in_place;
-                    for row in sweep(&backend.create, 3, &cfg) {
+                    for row in sweep(&|ctx: &RankContext| backend.create(ctx), 3, &cfg) {
                         let what = format!("{} {dtype} {op} in_place={in_place}", backend.name);
                         assert!(!row.failed(), "{what}: {row:?}");
                     }
@@ -107,7 +107,8 @@ fn registered_backends_pass_the_check_for_every_dtype_and_op() {
 
 #[test]
 fn each_algorithm_gets_its_own_rows() {
-    let symm = backends::find("symm").unwrap().create;
+    let symm = backends::find("symm").unwrap();
+    let symm = move |ctx: &RankContext| symm.create(ctx);
     let mut cfg = config(&[64, 4096], DType::F32, ReduceOp::Sum, true);
     cfg.algorithms = Algorithms::All;
     let rows = sweep(&symm, 2, &cfg);

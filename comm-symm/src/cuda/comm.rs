@@ -365,7 +365,7 @@ impl CudaSymmComm {
         call: Result<CallDescriptor>,
         locations: &[MemoryLocation],
     ) -> Result<(CallDescriptor, RawStream)> {
-        let call = self.capabilities().admit("symm", call, locations)?;
+        let call = self.capabilities().admit("symm-cuda", call, locations)?;
         Ok((call, self.stream_of(locations)?))
     }
 
@@ -556,7 +556,7 @@ fn clone_error(e: &Error) -> Error {
 
 impl Communicator for CudaSymmComm {
     fn name(&self) -> &str {
-        "symm"
+        "symm-cuda"
     }
 
     fn rank(&self) -> usize {

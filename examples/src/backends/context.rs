@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use comm_core::Bootstrap;
+use comm_core::{Bootstrap, Error, Result};
 
 use crate::launch::Mode;
 
@@ -60,6 +60,15 @@ impl RankContext {
     /// that keep it must use it collectively (every rank, same order), as the trait asks.
     pub fn bootstrap(&self) -> &Arc<dyn Bootstrap> {
         &self.bootstrap
+    }
+
+    /// The CUDA device of this rank: `local_rank % device_count`, the rule of the GPU
+    /// backends. Fails where CUDA or a GPU is missing.
+    pub fn device(&self) -> Result<usize> {
+        match comm_core::cuda::device_count()? {
+            0 => Err(Error::NoDevice("no CUDA device".into())),
+            n => Ok(self.bootstrap.local_rank() % n),
+        }
     }
 
     /// The in-process group; `None` when each rank is a process.
