@@ -7,6 +7,7 @@
 
 use std::fmt;
 
+use crate::bootstrap::Bootstrap;
 use crate::buffer::{BufferMut, BufferRef};
 use crate::communicator::Collective;
 use crate::dtype::{DType, ReduceOp};
@@ -240,6 +241,22 @@ pub fn decode_verdict(bytes: &[u8]) -> Result<Option<CallDescriptor>> {
     } else {
         CallDescriptor::from_bytes(bytes).map(Some)
     }
+}
+
+/// Settles this rank's verdict with every rank's through `bootstrap`: one all-gather of
+/// the encoded verdicts, then [`settle`]. For backends whose data path cannot compare calls
+/// itself; every rank returns the same outcome. A bootstrap failure is returned as is (the
+/// caller decides whether it leaves the communicator unusable).
+pub fn settle_through(
+    bootstrap: &dyn Bootstrap,
+    mine: Result<CallDescriptor>,
+) -> Result<CallDescriptor> {
+    let all = bootstrap.all_gather_bytes(&encode_verdict(&mine))?;
+    let verdicts = all
+        .iter()
+        .map(|m| decode_verdict(m))
+        .collect::<Result<Vec<_>>>()?;
+    settle(mine, &verdicts)
 }
 
 /// Combines this rank's verdict with every rank's (indexed by rank; `None` = rejected):

@@ -3,15 +3,16 @@
 //! Each rank allocates with `cuMemAlloc` (pool memory cannot be exported), and the ranks
 //! exchange `(pid, address, IPC handle)` through the bootstrap. A peer in another process
 //! is opened with `cuIpcOpenMemHandle` (lazy peer access) and closed on drop; a peer in
-//! this process (in-process "virtual ranks") is addressed directly, since a process cannot
-//! open its own handles. The table of every rank's address, as mapped here, is copied to
+//! this process (virtual ranks on one device, or one thread per GPU) is addressed directly,
+//! since a process cannot open its own handles; for another device of this process, peer
+//! access is enabled first. The table of every rank's address, as mapped here, is copied to
 //! the device for the kernels. Both steps end with an exchange of verdicts, so that a
 //! rank that fails makes every rank fail instead of leaving them waiting.
 
 use std::sync::Arc;
 
 use comm_core::cuda::cudarc::driver::{CudaContext, sys};
-use comm_core::cuda::{DeviceBuffer, driver_error};
+use comm_core::cuda::{DeviceBuffer, driver_error, enable_peer_access};
 use comm_core::{Bootstrap, Error, Result};
 
 use crate::layout::MAX_RANKS;
@@ -30,7 +31,8 @@ pub(crate) struct Registered {
     sharing: usize,
 }
 
-const MSG_BYTES: usize = 1 + 4 + 8 + 64 + 16;
+/// Verdict, pid, address, IPC handle, device UUID, device ordinal.
+const MSG_BYTES: usize = 1 + 4 + 8 + 64 + 16 + 4;
 
 impl Registered {
     /// Collective: allocates `bytes` on every rank, runs `init` on this rank's memory
@@ -51,6 +53,7 @@ impl Registered {
                 m.extend_from_slice(&buf.device_ptr().to_le_bytes());
                 m.extend_from_slice(handle);
                 m.extend_from_slice(uuid);
+                m.extend_from_slice(&(ctx.ordinal() as u32).to_le_bytes());
                 m
             }
             Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
@@ -81,6 +84,13 @@ impl Registered {
             let peer_pid = u32::from_le_bytes(m[1..5].try_into().unwrap());
             let addr = u64::from_le_bytes(m[5..13].try_into().unwrap());
             if rank == me || peer_pid == pid {
+                // A rank of this process on another device: its address is valid here
+                // (one address space), but only reachable with peer access enabled.
+                let peer_device = u32::from_le_bytes(m[93..97].try_into().unwrap()) as usize;
+                if let Err(e) = enable_peer_access(ctx, peer_device) {
+                    failure = Some(format!("reaching rank {rank}'s device: {e}"));
+                    break;
+                }
                 registered.ptrs.push(addr);
                 continue;
             }

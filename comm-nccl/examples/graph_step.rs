@@ -2,12 +2,13 @@
 //! bf16 (42 KB) on one rank, issued eagerly and as one replayed CUDA graph.
 //!
 //! ```text
-//! cargo run --release -p comm-nccl --example graph_step [-- REPLAYS]
+//! cargo run --release -p comm-nccl --example graph_step [-- --replays N]
 //! ```
 //!
 //! Prints the median time of a whole step and per all-reduce, both ways. Times are GPU
 //! times between events around each step, after warm-up; results are checked once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use comm_core::cuda::cudarc::driver::sys::{
@@ -20,20 +21,47 @@ use comm_nccl::NcclComm;
 const CALLS: usize = 122;
 const COUNT: usize = 3 * 7168;
 
+const USAGE: &str = "usage: graph_step [--replays N | N]  (default 200)";
+
 fn main() {
-    let replays = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(200usize);
+    let replays = match parse_args() {
+        Ok(Some(n)) => n,
+        Ok(None) => {
+            println!("{USAGE}");
+            return;
+        }
+        Err(e) => {
+            eprintln!("graph_step: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
     if let Err(e) = run(replays) {
         eprintln!("graph_step: {e}");
         std::process::exit(1);
     }
 }
 
+/// Timed replays (`--replays N`, or N alone as the bundle's runner passes it); `None`
+/// for `--help`.
+fn parse_args() -> std::result::Result<Option<usize>, lexopt::Error> {
+    use lexopt::prelude::*;
+
+    let mut replays = 200;
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("replays") => replays = parser.value()?.parse()?,
+            Value(n) => replays = n.parse()?,
+            Short('h') | Long("help") => return Ok(None),
+            _ => return Err(arg.unexpected()),
+        }
+    }
+    Ok(Some(replays))
+}
+
 fn run(replays: usize) -> Result<()> {
     let bootstrap = ThreadsBootstrap::create(1).remove(0);
-    let comm = NcclComm::new(&bootstrap, 0)?;
+    let comm = NcclComm::new(Arc::new(bootstrap), 0)?;
     let memory = DeviceMemory::new(0)?;
     let kernels = PatternKernels::load(memory.context())?;
     let stream = memory.stream().clone();

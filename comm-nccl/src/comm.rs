@@ -3,6 +3,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use comm_core::call::settle_through;
 use comm_core::cuda::cudarc::driver::{CudaContext, CudaStream};
 use comm_core::cuda::stream::wait_stream;
 use comm_core::cuda::{DeviceBuffer, driver_error, probe, raw_stream};
@@ -24,12 +25,19 @@ use crate::types::{nccl_dtype, nccl_op};
 /// communicator (`ncclCommAbort`) rather than hang; every later call returns
 /// [`Error::Aborted`].
 ///
-/// NCCL trusts its callers: ranks that disagree on a call's arguments are not detected
-/// (that would cost a host exchange per call and break graph capture); `Avg` over several
-/// ranks is not offered (NCCL's integer mean wraps, see [`ReduceOp`]). NCCL refuses two ranks on one GPU.
-#[derive(Debug)]
+/// NCCL trusts its callers: ranks that disagree on a call's arguments make its kernels
+/// wait for each other forever, or compute garbage. So, with more than one rank, every call
+/// first settles the ranks' call descriptors through the bootstrap (one small all-gather on
+/// the host): a call that is bad on any rank fails with a clear error on every rank, and
+/// nothing is enqueued. [`NcclComm::set_validate`]`(false)` drops that exchange for NCCL's
+/// own behaviour (a bad call then ends in a bounded wait's [`Error::Timeout`]). Inside a CUDA
+/// graph the exchange happens once, at capture; replays pay nothing. `Avg` over several
+/// ranks is not offered (NCCL's integer mean wraps, see [`ReduceOp`]). NCCL refuses two
+/// ranks on one GPU.
 pub struct NcclComm {
     raw: RawComm,
+    bootstrap: Arc<dyn Bootstrap>,
+    validate: bool,
     ctx: Arc<CudaContext>,
     rank: usize,
     world_size: usize,
@@ -41,6 +49,18 @@ pub struct NcclComm {
     caps: OnceLock<Capabilities>,
 }
 
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclComm")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("device", &self.ctx.ordinal())
+            .field("validate", &self.validate)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
 impl NcclComm {
     /// Joins the communicator of every rank of `bootstrap`, on CUDA device `device`.
     ///
@@ -48,7 +68,7 @@ impl NcclComm {
     /// CUDA driver, `libnccl`, the device); if any rank cannot, all of them return an
     /// error instead of waiting for it. The unique id travels from rank 0 through the
     /// bootstrap. `ncclCommInitRank` itself then blocks until every rank has joined.
-    pub fn new(bootstrap: &dyn Bootstrap, device: usize) -> Result<Self> {
+    pub fn new(bootstrap: Arc<dyn Bootstrap>, device: usize) -> Result<Self> {
         let local = Self::prepare(bootstrap.rank(), device);
         let mut mine = Vec::new();
         match &local {
@@ -79,10 +99,12 @@ impl NcclComm {
         let barrier_buf = DeviceBuffer::alloc(&ctx, 4)?;
         Ok(NcclComm {
             raw,
-            ctx,
+            validate: true,
             rank: bootstrap.rank(),
             world_size: bootstrap.world_size(),
             timeout: bootstrap.timeout(),
+            bootstrap,
+            ctx,
             barrier_stream,
             barrier_buf,
             caps: OnceLock::new(),
@@ -90,7 +112,7 @@ impl NcclComm {
     }
 
     /// Joins on device `local_rank % device_count`: one GPU per rank of a node.
-    pub fn from_bootstrap(bootstrap: &dyn Bootstrap) -> Result<Self> {
+    pub fn from_bootstrap(bootstrap: Arc<dyn Bootstrap>) -> Result<Self> {
         // Probe here too, so that a missing driver reaches every rank through `new`.
         let device = probe::device_count()
             .map(|n| bootstrap.local_rank() % n)
@@ -115,6 +137,12 @@ impl NcclComm {
     /// The bound on host-side waits (from the bootstrap).
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// With `false`, calls skip the exchange of call descriptors across ranks (see the type's
+    /// docs): NCCL's speed and NCCL's trust in its callers. Every rank must choose alike.
+    pub fn set_validate(&mut self, validate: bool) {
+        self.validate = validate;
     }
 
     /// Sets the bound on host-side waits.
@@ -174,30 +202,59 @@ impl NcclComm {
         }
     }
 
-    /// Checks a call and enqueues it.
+    /// Checks a call on this rank, settles it with the other ranks (when validating) and
+    /// enqueues it.
     fn run(
         &self,
-        call: CallDescriptor,
-        op: Op,
+        call: Result<CallDescriptor>,
+        op: Result<Op>,
         send: (u64, MemoryLocation),
         recv: (u64, MemoryLocation),
         count: usize,
     ) -> Result<()> {
         self.live()?;
-        self.capabilities().check(
-            "nccl",
-            call.collective,
-            call.dtype,
-            call.op,
-            call.send_bytes(),
-            recv.1,
-        )?;
-        let stream = self.stream_of(recv.1)?;
-        if self.stream_of(send.1)? != stream {
-            return Err(Error::InvalidArgument(
-                "nccl: send and recv views are on different streams".into(),
-            ));
-        }
+        let checked = call.and_then(|call| {
+            let op = op?;
+            self.capabilities().check(
+                "nccl",
+                call.collective,
+                call.dtype,
+                call.op,
+                call.send_bytes(),
+                recv.1,
+            )?;
+            let stream = self.stream_of(recv.1)?;
+            if self.stream_of(send.1)? != stream {
+                return Err(Error::InvalidArgument(
+                    "nccl: send and recv views are on different streams".into(),
+                ));
+            }
+            Ok((call, op, stream))
+        });
+        let (call, op, stream) = if self.validate && self.world_size > 1 {
+            let verdict = checked
+                .as_ref()
+                .map(|(call, _, _)| *call)
+                .map_err(|e| Error::InvalidArgument(e.to_string()));
+            match settle_through(&*self.bootstrap, verdict) {
+                Ok(_) => checked?,
+                // This rank's own error, as it was.
+                Err(_) if checked.is_err() => return checked.map(drop),
+                Err(
+                    e @ (Error::Mismatch(_) | Error::InvalidArgument(_) | Error::Unsupported(_)),
+                ) => {
+                    return Err(e);
+                }
+                // The exchange itself failed: the ranks may no longer agree on what was
+                // enqueued, so nothing more may be.
+                Err(e) => {
+                    self.raw.abort();
+                    return Err(e);
+                }
+            }
+        } else {
+            checked?
+        };
         let dtype = nccl_dtype(call.dtype)?;
         self.ctx.bind_to_thread().map_err(driver_error)?;
         // SAFETY: both views are device memory of this device, sized for the call by the
@@ -240,10 +297,8 @@ impl Communicator for NcclComm {
     }
 
     fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        let call = CallDescriptor::all_reduce(&send, &recv, op)?;
-        let op = Op::AllReduce {
-            op: nccl_op(op, call.dtype, self.world_size)?,
-        };
+        let call = CallDescriptor::all_reduce(&send, &recv, op);
+        let op = nccl_op(op, send.dtype(), self.world_size).map(|op| Op::AllReduce { op });
         self.run(
             call,
             op,
@@ -254,19 +309,17 @@ impl Communicator for NcclComm {
     }
 
     fn all_reduce_in_place(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        let call = CallDescriptor::all_reduce_in_place(&buf, op)?;
-        let op = Op::AllReduce {
-            op: nccl_op(op, call.dtype, self.world_size)?,
-        };
+        let call = CallDescriptor::all_reduce_in_place(&buf, op);
+        let op = nccl_op(op, buf.dtype(), self.world_size).map(|op| Op::AllReduce { op });
         let at = place(buf.addr(), buf.location());
         self.run(call, op, at, at, buf.len())
     }
 
     fn all_gather(&self, send: BufferRef<'_>, recv: BufferMut<'_>) -> Result<()> {
-        let call = CallDescriptor::all_gather(&send, &recv, self.world_size)?;
+        let call = CallDescriptor::all_gather(&send, &recv, self.world_size);
         self.run(
             call,
-            Op::AllGather,
+            Ok(Op::AllGather),
             place(send.addr(), send.location()),
             place(recv.addr(), recv.location()),
             send.len(),
@@ -274,10 +327,8 @@ impl Communicator for NcclComm {
     }
 
     fn reduce_scatter(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        let call = CallDescriptor::reduce_scatter(&send, &recv, op, self.world_size)?;
-        let op = Op::ReduceScatter {
-            op: nccl_op(op, call.dtype, self.world_size)?,
-        };
+        let call = CallDescriptor::reduce_scatter(&send, &recv, op, self.world_size);
+        let op = nccl_op(op, send.dtype(), self.world_size).map(|op| Op::ReduceScatter { op });
         self.run(
             call,
             op,
@@ -288,9 +339,15 @@ impl Communicator for NcclComm {
     }
 
     fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<()> {
-        let call = CallDescriptor::broadcast(&buf, root, self.world_size)?;
+        let call = CallDescriptor::broadcast(&buf, root, self.world_size);
         let at = place(buf.addr(), buf.location());
-        self.run(call, Op::Broadcast { root: root as i32 }, at, at, buf.len())
+        self.run(
+            call,
+            Ok(Op::Broadcast { root: root as i32 }),
+            at,
+            at,
+            buf.len(),
+        )
     }
 
     /// A one-element all-reduce on an internal stream, waited for as

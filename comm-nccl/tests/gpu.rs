@@ -4,8 +4,10 @@
 //! machine with `--include-ignored` (scripts/gpu-bundle prints the command).
 //!
 //! NCCL refuses two ranks on one GPU, so the one-GPU tests run a world of one; the
-//! `two_gpus_*` tests need two GPUs and are skipped by name on a one-GPU machine.
+//! `two_gpus_*` tests need two GPUs and fail on fewer (the device runner skips them by
+//! name there, and says so).
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use comm_core::conformance::{self, Config};
@@ -27,7 +29,7 @@ fn fresh_seed() -> u64 {
 
 fn single() -> Result<(NcclComm, DeviceMemory)> {
     let bootstrap = ThreadsBootstrap::create(1).remove(0);
-    let comm = NcclComm::new(&bootstrap, 0)?;
+    let comm = NcclComm::new(Arc::new(bootstrap), 0)?;
     let memory = DeviceMemory::new(0)?;
     Ok((comm, memory))
 }
@@ -274,18 +276,11 @@ fn graph_of_122_bf16_all_reduces_replays_100_times_correctly() {
     assert_eq!(bad_device, 0);
 }
 
-/// True when this machine has two GPUs; otherwise says on the terminal (past the test
-/// harness's capture) that the test was skipped, so that it never passes silently.
-fn have_two_gpus(test: &str) -> bool {
-    use std::io::Write;
+/// Fails the test unless this machine has two GPUs: a two-GPU test that cannot run must
+/// not pass (the device runner runs these only where two GPUs are present).
+fn require_two_gpus() {
     let found = comm_core::cuda::device_count().unwrap_or(0);
-    if found < 2 {
-        let _ = writeln!(
-            std::io::stderr(),
-            "*** {test}: skipped: needs 2 GPUs, found {found} ***"
-        );
-    }
-    found >= 2
+    assert!(found >= 2, "needs 2 GPUs, found {found}");
 }
 
 fn two_gpu_group(
@@ -295,7 +290,7 @@ fn two_gpu_group(
         .into_iter()
         .map(|b| {
             std::thread::spawn(move || {
-                let comm = NcclComm::from_bootstrap(&b)?;
+                let comm = NcclComm::from_bootstrap(Arc::new(b))?;
                 let memory = DeviceMemory::new(comm.context().ordinal())?;
                 Ok((comm, memory))
             })
@@ -306,9 +301,7 @@ fn two_gpu_group(
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn two_gpus_conformance_with_threads() {
-    if !have_two_gpus("two_gpus_conformance_with_threads") {
-        return;
-    }
+    require_two_gpus();
     let handles: Vec<_> = two_gpu_group(Duration::from_secs(60))
         .into_iter()
         .map(|h| h.join().unwrap().unwrap())
@@ -330,9 +323,20 @@ fn two_gpus_conformance_with_threads() {
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn two_gpus_an_absent_rank_times_out_and_aborts() {
-    if !have_two_gpus("two_gpus_an_absent_rank_times_out_and_aborts") {
-        return;
-    }
+    absent_rank_times_out_and_aborts(true);
+}
+
+#[test]
+#[ignore = "needs 2 GPUs"]
+fn two_gpus_an_absent_rank_times_out_and_aborts_without_validation() {
+    absent_rank_times_out_and_aborts(false);
+}
+
+/// Rank 1 stops calling. Validating, rank 0's next call times out in the exchange of call
+/// descriptors; without, it enqueues and the bounded wait times out behind NCCL's kernel.
+/// Either way the communicator is aborted afterwards.
+fn absent_rank_times_out_and_aborts(validate: bool) {
+    require_two_gpus();
     let bound = Duration::from_secs(2);
     // Both ranks run one all-reduce first: NCCL connects peers lazily, inside the first
     // call, and a peer that never made any call blocks that enqueue itself. The case this
@@ -340,8 +344,9 @@ fn two_gpus_an_absent_rank_times_out_and_aborts() {
     let ranks: Vec<_> = two_gpu_group(bound)
         .into_iter()
         .map(|h| h.join().unwrap().unwrap())
-        .map(|(comm, memory)| {
+        .map(|(mut comm, memory)| {
             std::thread::spawn(move || {
+                comm.set_validate(validate);
                 let mut buf = memory.alloc(DType::F32, 1024)?;
                 buf.poison(0)?;
                 comm.all_reduce_in_place(buf.view_mut(0, 1024)?, ReduceOp::Sum)?;
@@ -358,9 +363,12 @@ fn two_gpus_an_absent_rank_times_out_and_aborts() {
     // Rank 1 never calls again. Leak it: destroying a communicator whose peer is stuck
     // could wait on that peer, which is not what this test is about.
     std::mem::forget(ranks);
-    comm.all_reduce_in_place(buf.view_mut(0, 1024).unwrap(), ReduceOp::Sum)
-        .unwrap();
-    let err = comm.synchronize(memory.raw_stream()).unwrap_err();
+    let called = comm.all_reduce_in_place(buf.view_mut(0, 1024).unwrap(), ReduceOp::Sum);
+    assert_eq!(called.is_err(), validate, "{called:?}");
+    let err = match called {
+        Err(e) => e,
+        Ok(()) => comm.synchronize(memory.raw_stream()).unwrap_err(),
+    };
     assert!(matches!(err, Error::Timeout { .. }), "{err}");
     let err = comm.barrier().unwrap_err();
     assert!(matches!(err, Error::Aborted(_)), "{err}");
@@ -372,9 +380,7 @@ fn two_gpus_an_absent_rank_times_out_and_aborts() {
 #[ignore = "needs 2 GPUs"]
 fn two_gpus_disagreeing_ranks_get_a_mismatch_and_never_stale_data() {
     use comm_core::conformance::{After, Disagreement};
-    if !have_two_gpus("two_gpus_disagreeing_ranks_get_a_mismatch_and_never_stale_data") {
-        return;
-    }
+    require_two_gpus();
     let bound = Duration::from_secs(2);
     for kind in Disagreement::ALL {
         let handles: Vec<_> = two_gpu_group(bound)

@@ -276,7 +276,7 @@ mod gpu {
             ));
         }
         Ok(Box::new(comm_nccl::NcclComm::new(
-            &**bootstrap,
+            bootstrap.clone(),
             device(ordinal)?,
         )?))
     }

@@ -13,10 +13,10 @@
 //! [`comm_core::Communicator`] on top of it, with one-shot, two-shot and Lamport
 //! (barrier-free) all-reduce; [`SymmComm`] is the one type over either backing.
 //!
-//! With feature `cuda`, [`cuda`] holds the device backing: a [`cuda::DeviceHeap`] of GPU
+//! With feature `cuda`, module `cuda` holds the device backing: a `cuda::DeviceHeap` of GPU
 //! memory (`cuMemCreate` segments exported as POSIX file descriptors, passed with
 //! [`fdpass`] and mapped by every local rank; legacy CUDA IPC where VMM is missing), its
-//! signal and barrier primitives as kernels, and [`cuda::CudaSymmComm`], the same
+//! signal and barrier primitives as kernels, and `cuda::CudaSymmComm`, the same
 //! algorithms on device memory plus the fused all-reduce + residual add + RMSNorm.
 
 #![warn(missing_docs)]

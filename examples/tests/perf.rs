@@ -1,14 +1,16 @@
 //! allreduce-perf end to end: in-process sweeps, their JSON/CSV, the check catching a
-//! faulty backend, and the binary's exit codes.
+//! faulty backend, and the binary's output, time bounds and exit codes.
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use comm_core::{
     BufferMut, BufferRef, Capabilities, Communicator, DType, LocalComm, ReduceOp, Result,
 };
 use comm_examples::backends::{self, RankContext};
 use comm_examples::launch::Mode;
+use comm_examples::perf::meta::RunInfo;
 use comm_examples::perf::report::{self, CSV_HEADER};
 use comm_examples::perf::{Algorithms, Row, SweepConfig, run_in_process};
 
@@ -20,7 +22,8 @@ fn config(sizes: &[u64], dtype: DType, op: ReduceOp, check: bool) -> SweepConfig
         iters: Some(2),
         warmup: Some(1),
         check,
-        in_place: false,
+        out_of_place: true,
+        in_place: true,
         seed: 12345,
         algorithms: Algorithms::Default,
     }
@@ -42,16 +45,41 @@ fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("comm-perf-{}-{name}", std::process::id()))
 }
 
+fn run_info() -> RunInfo {
+    RunInfo {
+        program: "allreduce-perf".into(),
+        version: "0.0.0".into(),
+        hostname: "test-host".into(),
+        command: vec!["allreduce-perf".into(), "--check".into()],
+        date: "2026-11-29T10:22:05Z".into(),
+        world_size: 2,
+        bootstrap: "threads".into(),
+        gpus: 0,
+        dtype: "f32".into(),
+        op: "sum".into(),
+        sizes: vec![8, 64, 1024],
+        iters: Some(2),
+        warmup: None,
+        check: true,
+        seed: 12345,
+        out_of_place: true,
+        in_place: true,
+    }
+}
+
 #[test]
-fn json_and_csv_have_one_record_per_size() {
+fn json_and_csv_have_both_placements_of_every_size() {
     let cfg = config(&[8, 64, 1024], DType::F32, ReduceOp::Sum, true);
     let rows = sweep(&local, 2, &cfg);
     assert_eq!(rows.len(), 3);
 
     let json = temp("schema.json");
-    report::write_json(&json, &rows).unwrap();
+    report::write_json(&json, &run_info(), &rows).unwrap();
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["run"]["hostname"], "test-host");
+    assert_eq!(doc["run"]["command"][1], "--check");
+    assert_eq!(doc["run"]["warmup"], serde_json::Value::Null);
     let results = doc["results"].as_array().expect("results array");
     assert_eq!(results.len(), 3);
     for (r, size) in results.iter().zip([8u64, 64, 1024]) {
@@ -61,29 +89,55 @@ fn json_and_csv_have_one_record_per_size() {
         assert_eq!(r["dtype"], "f32");
         assert_eq!(r["op"], "sum");
         assert_eq!(r["ranks"], 2);
-        assert_eq!(r["wrong"], 0);
-        assert_eq!(r["identical"], true);
-        for key in ["time_us", "algbw", "busbw"] {
-            assert!(
-                r[key].as_f64().is_some_and(|v| v >= 0.0),
-                "{key}: {}",
-                r[key]
-            );
+        for placement in ["out_of_place", "in_place"] {
+            let t = &r[placement];
+            assert_eq!(t["wrong"], 0, "{placement}");
+            assert_eq!(t["identical"], true, "{placement}");
+            for key in ["time_us", "algbw", "busbw"] {
+                assert!(
+                    t[key].as_f64().is_some_and(|v| v >= 0.0),
+                    "{placement} {key}: {}",
+                    t[key]
+                );
+            }
+            // Two ranks: busbw = algbw * 2(n-1)/n = algbw.
+            assert_eq!(t["busbw"], t["algbw"]);
         }
-        // Two ranks: busbw = algbw * 2(n-1)/n = algbw.
-        assert_eq!(r["busbw"], r["algbw"]);
     }
+    let back: report::Results = serde_json::from_value(doc).expect("reads back");
+    // Floats come back to within their last digit; the rest exactly.
+    let key = |r: &Row| (r.bytes, r.count, r.in_place.map(|t| t.wrong), r.iters);
+    assert_eq!(
+        back.results.iter().map(key).collect::<Vec<_>>(),
+        rows.iter().map(key).collect::<Vec<_>>()
+    );
 
     let csv = temp("schema.csv");
     report::write_csv(&csv, &rows).unwrap();
     let text = std::fs::read_to_string(&csv).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines[0], CSV_HEADER);
-    assert_eq!(lines.len(), 4);
+    assert_eq!(lines.len(), 1 + 3 * 2);
     let fields = CSV_HEADER.split(',').count();
     assert!(lines.iter().all(|l| l.split(',').count() == fields));
     assert!(lines[1].starts_with("test,,threads,2,f32,sum,false,8,2,"));
+    assert!(lines[2].starts_with("test,,threads,2,f32,sum,true,8,2,"));
     let _ = (std::fs::remove_file(json), std::fs::remove_file(csv));
+}
+
+#[test]
+fn one_placement_alone_is_measured_alone() {
+    let mut cfg = config(&[64, 4096], DType::I32, ReduceOp::Max, true);
+    cfg.out_of_place = false;
+    for row in sweep(&local, 3, &cfg) {
+        assert!(row.out_of_place.is_none(), "{row:?}");
+        assert_eq!(row.in_place.map(|t| t.wrong), Some(Some(0)), "{row:?}");
+    }
+    (cfg.out_of_place, cfg.in_place) = (true, false);
+    for row in sweep(&local, 3, &cfg) {
+        assert!(row.in_place.is_none(), "{row:?}");
+        assert_eq!(row.out_of_place.map(|t| t.wrong), Some(Some(0)), "{row:?}");
+    }
 }
 
 /// Every in-process backend of the registry passes the check, for every dtype and op.
@@ -92,13 +146,11 @@ fn registered_backends_pass_the_check_for_every_dtype_and_op() {
     for backend in backends::defaults(Mode::Threads) {
         for dtype in DType::ALL {
             for op in ReduceOp::ALL {
-                for in_place in [false, true] {
-                    let mut cfg = config(&[1, 24, 1000, 70_000], dtype, op, true);
-                    cfg.in_place = in_place;
-                    for row in sweep(&|ctx: &RankContext| backend.create(ctx), 3, &cfg) {
-                        let what = format!("{} {dtype} {op} in_place={in_place}", backend.name);
-                        assert!(!row.failed(), "{what}: {row:?}");
-                    }
+                let cfg = config(&[1, 24, 1000, 70_000], dtype, op, true);
+                for row in sweep(&|ctx: &RankContext| backend.create(ctx), 3, &cfg) {
+                    let what = format!("{} {dtype} {op}", backend.name);
+                    assert!(row.out_of_place.is_some() && row.in_place.is_some());
+                    assert!(!row.failed(), "{what}: {row:?}");
                 }
             }
         }
@@ -132,7 +184,7 @@ fn each_algorithm_gets_its_own_rows() {
     assert!(err.to_string().contains("oneshot"), "{err}");
 }
 
-/// A backend that gets rank 1's first element wrong.
+/// A backend that gets rank 1's first element wrong, out of place only.
 struct Faulty(LocalComm);
 
 impl Communicator for Faulty {
@@ -182,25 +234,78 @@ fn check_catches_a_corrupted_element() {
     let cfg = config(&[16, 4096], DType::F32, ReduceOp::Sum, true);
     let rows = sweep(&faulty, 2, &cfg);
     for row in &rows {
-        assert_eq!(row.wrong, Some(1), "{row:?}");
-        assert_eq!(row.identical, Some(false), "{row:?}");
+        let (out, inp) = (row.out_of_place.unwrap(), row.in_place.unwrap());
+        assert_eq!(
+            (out.wrong, out.identical),
+            (Some(1), Some(false)),
+            "{row:?}"
+        );
+        assert_eq!((inp.wrong, inp.identical), (Some(0), Some(true)), "{row:?}");
         assert!(row.failed());
     }
     // Without --check nothing is claimed either way.
     let rows = sweep(&faulty, 2, &config(&[16], DType::F32, ReduceOp::Sum, false));
-    assert_eq!((rows[0].wrong, rows[0].identical), (None, None));
+    for (_, t) in rows[0].timings() {
+        assert_eq!((t.wrong, t.identical), (None, None));
+    }
 }
 
-fn perf(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_allreduce-perf"))
-        .args(args)
+fn perf_command(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_allreduce-perf"));
+    cmd.args(args)
         .env_remove("OMPI_COMM_WORLD_SIZE")
         .env_remove("WORLD_SIZE")
         .env_remove("RANK")
         .env_remove("PMI_RANK")
-        .env_remove("OMPI_COMM_WORLD_RANK")
-        .output()
-        .expect("allreduce-perf starts")
+        .env_remove("OMPI_COMM_WORLD_RANK");
+    cmd
+}
+
+fn perf(args: &[&str]) -> Output {
+    perf_command(args).output().expect("allreduce-perf starts")
+}
+
+/// Runs allreduce-perf, killed if it is still running after `limit`; the output and
+/// the time it took.
+fn perf_within(args: &[&str], limit: Duration) -> (Output, Duration) {
+    let start = Instant::now();
+    let mut child = perf_command(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("allreduce-perf starts");
+    while child.try_wait().expect("wait").is_none() && start.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    (child.wait_with_output().expect("output"), start.elapsed())
+}
+
+/// One large size on a slow host backend: the untimed calls before the sweep are bounded
+/// by time, not only by count (500 calls of 64 MiB took minutes and printed nothing).
+#[test]
+fn a_large_first_size_finishes_quickly() {
+    let limit = Duration::from_secs(60);
+    let (out, took) = perf_within(
+        &[
+            "--backend",
+            "bootstrap",
+            "--sizes",
+            "64M",
+            "--ranks",
+            "2",
+            "-n",
+            "1",
+        ],
+        limit,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        took < limit && out.status.success(),
+        "took {took:?}\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(&(64u64 << 20).to_string()), "{stdout}");
 }
 
 #[test]
@@ -249,12 +354,37 @@ fn binary_runs_a_checked_sweep_and_writes_files() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(
-        stdout.contains("busbw") && stdout.contains("OK"),
-        "{stdout}"
-    );
+    // nccl-tests' layout: a header with the run's parameters, then both placements.
+    for expected in [
+        "busbw",
+        "OK",
+        "out-of-place",
+        "in-place",
+        "# command: ",
+        "ranks: 2 (threads)",
+        "iters: 3  warm-up: auto  check: on",
+    ] {
+        assert!(stdout.contains(expected), "no `{expected}` in\n{stdout}");
+    }
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let run = &doc["run"];
+    assert_eq!(run["world_size"], 2);
+    assert_eq!(run["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(run["iters"], 3);
+    assert!(
+        run["hostname"].as_str().is_some_and(|h| !h.is_empty()),
+        "{run}"
+    );
+    assert!(
+        run["command"].as_array().is_some_and(|c| c.len() == 18),
+        "{run}"
+    );
+    let date = run["date"].as_str().unwrap_or_default();
+    assert!(
+        date.len() == 20 && date.starts_with("20") && date.ends_with('Z'),
+        "{date}"
+    );
     let results = doc["results"].as_array().unwrap();
     let backends: Vec<&str> = results
         .iter()
@@ -271,12 +401,13 @@ fn binary_runs_a_checked_sweep_and_writes_files() {
             "bootstrap"
         ]
     );
-    assert!(
-        results
-            .iter()
-            .all(|r| r["wrong"] == 0 && r["dtype"] == "bf16")
+    assert!(results.iter().all(|r| r["out_of_place"]["wrong"] == 0
+        && r["in_place"]["wrong"] == 0
+        && r["dtype"] == "bf16"));
+    assert_eq!(
+        std::fs::read_to_string(&csv).unwrap().lines().count(),
+        1 + 6 * 2
     );
-    assert_eq!(std::fs::read_to_string(&csv).unwrap().lines().count(), 7);
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
     for f in [json, csv, svg] {
         let _ = std::fs::remove_file(f);

@@ -16,12 +16,15 @@ use crate::buffer::{BufferMut, BufferRef};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 
-/// `bytes` bytes of device memory of one context, from `cuMemAlloc`.
+/// `bytes` bytes of device memory of one context, from `cuMemAlloc` ([`Self::alloc`]) or
+/// from the stream-ordered pool ([`Self::alloc_on`]).
 #[derive(Debug)]
 pub struct DeviceBuffer {
     ptr: sys::CUdeviceptr,
     bytes: usize,
     ctx: Arc<CudaContext>,
+    /// The stream a pool allocation is ordered on (and freed on); `None` for `cuMemAlloc`.
+    pool: Option<Arc<CudaStream>>,
 }
 
 impl DeviceBuffer {
@@ -35,6 +38,27 @@ impl DeviceBuffer {
             ptr,
             bytes,
             ctx: ctx.clone(),
+            pool: None,
+        })
+    }
+
+    /// Allocates `bytes` bytes (uninitialised) from the device's stream-ordered pool,
+    /// ordered on `stream` and freed there on drop. Unlike `cuMemAlloc`/`cuMemFree`, which
+    /// may wait for the whole device (and, with peer access enabled, for its peers),
+    /// this never blocks behind a running kernel: with several ranks in one process, a
+    /// rank that allocates while a peer's collective kernel spins waiting for it would
+    /// otherwise deadlock. The memory cannot be shared through CUDA IPC.
+    pub fn alloc_on(stream: &Arc<CudaStream>, bytes: usize) -> Result<Self> {
+        let ctx = stream.context();
+        ctx.bind_to_thread().map_err(driver_error)?;
+        // SAFETY: the context is current; the size is non-zero; the stream is live.
+        let ptr = unsafe { result::malloc_async(stream.cu_stream(), bytes.max(1)) }
+            .map_err(driver_error)?;
+        Ok(DeviceBuffer {
+            ptr,
+            bytes,
+            ctx: ctx.clone(),
+            pool: Some(stream.clone()),
         })
     }
 
@@ -133,6 +157,11 @@ impl DeviceBuffer {
     /// The CUDA IPC handle of this allocation (`cuIpcGetMemHandle`), for another process
     /// to open with `cuIpcOpenMemHandle`.
     pub fn ipc_handle(&self) -> Result<[u8; 64]> {
+        if self.pool.is_some() {
+            return Err(Error::Unsupported(
+                "stream-ordered pool memory has no CUDA IPC handle".into(),
+            ));
+        }
         self.ctx.bind_to_thread().map_err(driver_error)?;
         let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
         // SAFETY: `ptr` is the base of a cuMemAlloc allocation of the current context.
@@ -168,8 +197,14 @@ impl Drop for DeviceBuffer {
         // A failure here (a context already torn down) leaves nothing to free, and drop
         // cannot report it; the memory goes with the context.
         if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: allocated by cuMemAlloc in this context and freed only here.
-            let _ = unsafe { result::free_sync(self.ptr) };
+            // SAFETY: allocated in this context (by cuMemAlloc, or from the pool on
+            // `stream`, after whose earlier work it is freed) and freed only here.
+            let _ = unsafe {
+                match &self.pool {
+                    None => result::free_sync(self.ptr),
+                    Some(stream) => result::free_async(self.ptr, stream.cu_stream()),
+                }
+            };
         }
     }
 }

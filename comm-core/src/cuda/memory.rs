@@ -17,7 +17,8 @@ use crate::buffer::{BufferMut, BufferRef, RawStream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// Buffers on one device (from `cuMemAlloc`), with collectives and copies on one stream.
+/// Buffers on one device (from its stream-ordered pool), with collectives and copies on
+/// one stream.
 #[derive(Debug, Clone)]
 pub struct DeviceMemory {
     stream: Arc<CudaStream>,
@@ -56,10 +57,12 @@ impl DeviceMemory {
         self.stream.synchronize().map_err(driver_error)
     }
 
-    /// Allocates `len` elements of `dtype` (contents unspecified).
+    /// Allocates `len` elements of `dtype` (contents unspecified), from the stream-ordered
+    /// pool on the memory's stream (see [`DeviceBuffer::alloc_on`]: allocating and freeing
+    /// never wait behind another rank's kernel).
     pub fn alloc(&self, dtype: DType, len: usize) -> Result<DeviceOwned> {
         Ok(DeviceOwned {
-            buf: DeviceBuffer::alloc(self.context(), len * dtype.size())?,
+            buf: DeviceBuffer::alloc_on(&self.stream, len * dtype.size())?,
             dtype,
             len,
             stream: self.stream.clone(),

@@ -13,6 +13,8 @@
 //! - [`DeviceMemory`]: one device and one stream to allocate typed buffers on
 //!   ([`DeviceOwned`]); with feature `conformance` it is the suite's `TestMemory`, so
 //!   `conformance::run_with_memory(&comm, &DeviceMemory::new(0)?, &config)` runs on the GPU.
+//! - [`enable_peer_access`]: lets one device's kernels reach another device of this
+//!   process (ranks on one thread per GPU).
 //! - [`stream`]: raw stream handles and bounded waits (a wait that can give up).
 //! - [`kernels`]: the `.cu` registry ([`KernelSource`]), NVRTC compilation to cubin for the
 //!   running device's arch, and the memory + disk cache.
@@ -25,6 +27,7 @@ pub mod kernels;
 mod memory;
 pub mod pattern;
 mod pattern_kernels;
+mod peer;
 pub mod probe;
 pub mod stream;
 mod views;
@@ -34,6 +37,7 @@ pub use error::{driver_error, nvrtc_error};
 pub use kernels::{KernelCache, KernelSource};
 pub use memory::{DeviceMemory, DeviceOwned};
 pub use pattern_kernels::PatternKernels;
+pub use peer::enable_peer_access;
 pub use probe::{context, device_count};
 pub use stream::raw_stream;
 

@@ -1,7 +1,6 @@
 //! The kernels of `kernels/symm.cuh` + `kernels/symm_collectives.cu`: the source
 //! registration, the argument block, lazy loading by name and the launch.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -9,7 +8,7 @@ use std::sync::Arc;
 use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result};
 use comm_core::cuda::stream::cu_stream;
 use comm_core::cuda::{KernelCache, KernelSource, driver_error};
-use comm_core::{DType, RawStream, ReduceOp, Result};
+use comm_core::{DType, Error, RawStream, ReduceOp, Result};
 
 /// Every kernel of the CUDA backing: the heap's header (`symm.cuh`) and the collectives,
 /// as one NVRTC program (the header is prepended, so no include path is needed).
@@ -57,32 +56,63 @@ pub(crate) struct SymmArgs {
     pub channel: u32,
 }
 
-/// The module of one context and its functions, loaded at first use.
+/// The module of one context and every function of it.
 #[derive(Debug)]
 pub(crate) struct Kernels {
     ctx: Arc<CudaContext>,
-    functions: RefCell<HashMap<String, CudaFunction>>,
+    functions: HashMap<String, CudaFunction>,
+}
+
+/// Every kernel of [`COLLECTIVES`], by name.
+fn every_kernel_name() -> Vec<String> {
+    let mut names: Vec<String> = [
+        "all_gather",
+        "broadcast",
+        "fused_rmsnorm_lamport",
+        "fused_rmsnorm_oneshot",
+        "barrier_kernel",
+        "put_signal_kernel",
+        "wait_signal_kernel",
+    ]
+    .iter()
+    .map(|k| format!("symm_{k}"))
+    .collect();
+    for stem in ["oneshot", "twoshot", "lamport", "reduce_scatter"] {
+        for dtype in DTYPES {
+            for op in OPS {
+                names.push(kernel_name(stem, dtype, op));
+            }
+        }
+    }
+    names
 }
 
 impl Kernels {
-    /// Compiles (or finds in the cache) and loads the module.
+    /// Compiles (or finds in the cache) and loads the module and every function of it.
+    ///
+    /// All of them now, not at first use: under CUDA's lazy loading, getting a function
+    /// loads it and may wait for the whole context, and a rank that did so while a peer's
+    /// kernel spins on the same device waiting for this rank would never return.
     pub(crate) fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
-        KernelCache::global().module(ctx, &COLLECTIVES)?;
+        let cache = KernelCache::global();
+        let functions = every_kernel_name()
+            .into_iter()
+            .map(|name| {
+                let f = cache.function(ctx, &COLLECTIVES, &name)?;
+                Ok((name, f))
+            })
+            .collect::<Result<_>>()?;
         Ok(Kernels {
             ctx: ctx.clone(),
-            functions: RefCell::new(HashMap::new()),
+            functions,
         })
     }
 
-    fn function(&self, name: &str) -> Result<CudaFunction> {
-        if let Some(f) = self.functions.borrow().get(name) {
-            return Ok(f.clone());
-        }
-        let f = KernelCache::global().function(&self.ctx, &COLLECTIVES, name)?;
-        self.functions
-            .borrow_mut()
-            .insert(name.to_string(), f.clone());
-        Ok(f)
+    fn function(&self, name: &str) -> Result<&CudaFunction> {
+        self.functions.get(name).ok_or_else(|| Error::Backend {
+            backend: "cuda",
+            source: format!("symm: no kernel named {name}").into(),
+        })
     }
 
     /// Enqueues kernel `name` on `stream` with `(blocks, threads)`.

@@ -13,24 +13,20 @@ use std::process::ExitCode;
 use comm_core::cuda::kernels::{Image, compile, nvrtc_version};
 
 const DEFAULT_ARCHS: &str = "sm_80,sm_90,sm_100,sm_120";
+const USAGE: &str = "usage: kernels [--arch sm_80,sm_90,...]  (default sm_80,sm_90,sm_100,sm_120)";
 
 fn main() -> ExitCode {
-    let mut archs = DEFAULT_ARCHS.to_string();
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--arch" => match args.next() {
-                Some(a) => archs = a,
-                None => return usage("--arch needs a value"),
-            },
-            a if a.starts_with("--arch=") => archs = a["--arch=".len()..].to_string(),
-            "-h" | "--help" => {
-                println!("usage: kernels [--arch sm_80,sm_90,...]  (default {DEFAULT_ARCHS})");
-                return ExitCode::SUCCESS;
-            }
-            other => return usage(&format!("unknown argument `{other}`")),
+    let archs = match parse_args() {
+        Ok(Some(archs)) => archs,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
         }
-    }
+        Err(e) => {
+            eprintln!("error: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
     match nvrtc_version() {
         Ok((major, minor)) => println!("nvrtc {major}.{minor}"),
         Err(e) => {
@@ -68,7 +64,18 @@ fn main() -> ExitCode {
     }
 }
 
-fn usage(why: &str) -> ExitCode {
-    eprintln!("error: {why}\nusage: kernels [--arch sm_80,sm_90,...]");
-    ExitCode::from(2)
+/// `--arch LIST`, or `None` for `--help`.
+fn parse_args() -> Result<Option<String>, lexopt::Error> {
+    use lexopt::prelude::*;
+
+    let mut archs = DEFAULT_ARCHS.to_string();
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("arch") => archs = parser.value()?.string()?,
+            Short('h') | Long("help") => return Ok(None),
+            _ => return Err(arg.unexpected()),
+        }
+    }
+    Ok(Some(archs))
 }

@@ -37,10 +37,11 @@ OPTIONS:
     -f, --factor F       growth factor of a MIN:MAX range, > 1 [default: 2]
     -d, --dtype T        f32, f64, f16, bf16, i32, i64, u8 [default: f32]
     -o, --op OP          sum, prod, min, max, avg [default: sum]
-    -n, --iters N        timed iterations per size [default: as many as fit in 0.25 s,
-                         3 to 20, from the slowest rank's first call]
-    -w, --warmup N       untimed iterations per size [default: as many as fit in 0.05 s,
-                         1 to 5]
+    -n, --iters N        timed iterations per size and placement [default: as many as
+                         fit in 0.25 s, 3 to 20, from the slowest rank's first call]
+    -w, --warmup N       untimed iterations per size and placement [default: as many as
+                         fit in 0.05 s, 1 to 5]; the first size also gets up to 500
+                         untimed calls, at most 0.2 s, before anything is timed
     --backend NAME       backend to measure; repeat or comma-separate for several
                          (one table each) [default: every default backend of the mode]
     --algo NAME          algorithm of the backend to measure (e.g. symm: oneshot, twoshot,
@@ -52,12 +53,15 @@ OPTIONS:
     --ranks N            in-process ranks when not under a launcher [default: 4]
     --bootstrap MODE     threads, env or mpi [default: detected: env or mpi under
                          mpirun/torchrun, else threads]
-    --in-place           reduce in place instead of out of place
+    --out-of-place       measure only out-of-place calls (separate send and receive
+                         buffers) [default: out of place and in place, side by side]
+    --in-place           measure only in-place calls (one buffer for input and result)
     --check              check every rank's result against an f64 host reference on fresh
                          random data, and that all ranks' results are bitwise identical;
                          exit 1 if any element is wrong
     --seed N             seed of the checked data [default: from the clock, printed]
-    --json FILE          write the results as JSON: {\"results\": [...]}
+    --json FILE          write the results as JSON: {\"run\": {machine, version, command,
+                         date, parameters}, \"results\": [...]}
     --csv FILE           write the results as CSV
     --plot FILE.svg      plot latency and bus bandwidth against size (SVG)
     --tune FILE          write the times as a comm-select tuning table (JSON), which
@@ -92,7 +96,9 @@ pub struct Args {
     pub ranks: Option<usize>,
     /// How ranks meet; `None` means detected.
     pub bootstrap: Option<Mode>,
-    /// Reduce in place.
+    /// `--out-of-place`: measure out-of-place calls (alone, unless `in_place` too).
+    pub out_of_place: bool,
+    /// `--in-place`: measure in-place calls (alone, unless `out_of_place` too).
     pub in_place: bool,
     /// Check results.
     pub check: bool,
@@ -161,6 +167,7 @@ where
         list_backends: false,
         ranks: None,
         bootstrap: None,
+        out_of_place: false,
         in_place: false,
         check: false,
         seed: None,
@@ -220,6 +227,7 @@ where
                         .map_err(|e: String| ArgError(format!("--bootstrap: {e}")))?,
                 );
             }
+            Long("out-of-place") => out.out_of_place = true,
             Long("in-place") => out.in_place = true,
             Long("check") => out.check = true,
             Long("seed") => {

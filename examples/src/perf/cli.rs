@@ -8,6 +8,8 @@
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::meta::{self, RunInfo};
+
 use super::args::{self, Args, Parsed, USAGE};
 use super::data::{checkable, mix64};
 use super::progress::Progress;
@@ -125,7 +127,9 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
         iters: args.iters,
         warmup: args.warmup,
         check: args.check,
-        in_place: args.in_place,
+        // Both unless one is asked for alone, as nccl-tests prints them side by side.
+        out_of_place: args.out_of_place || !args.in_place,
+        in_place: args.in_place || !args.out_of_place,
         seed,
         // Tuning is about choosing among algorithms too: measure them all unless told.
         algorithms: match (&args.algorithms, &args.tune) {
@@ -151,8 +155,9 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
                         ranks,
                         dtype: args.dtype.name(),
                         op: args.op.name(),
-                        in_place: args.in_place,
                         check: args.check,
+                        out_of_place: cfg.out_of_place,
+                        in_place: cfg.in_place,
                     })
                 );
             }
@@ -176,11 +181,27 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
             }
         }
     };
+    let info = RunInfo {
+        program: "allreduce-perf".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        hostname: meta::hostname(),
+        command: std::env::args().collect(),
+        date: meta::utc_iso8601(SystemTime::now()),
+        world_size: ranks,
+        bootstrap: mode.name().into(),
+        gpus: comm_core::cuda::device_count().unwrap_or(0),
+        dtype: args.dtype.name().into(),
+        op: args.op.name().into(),
+        sizes: args.sizes.clone(),
+        iters: args.iters,
+        warmup: args.warmup,
+        check: args.check,
+        seed,
+        out_of_place: cfg.out_of_place,
+        in_place: cfg.in_place,
+    };
     if root {
-        out!("# comm allreduce-perf {}", env!("CARGO_PKG_VERSION"));
-        if args.check {
-            out!("# seed: {seed} (--seed {seed} reproduces the checked data)");
-        }
+        out!("{}", info.header());
     }
     let mut rows: Vec<Row> = Vec::new();
     let mut ok = true;
@@ -205,7 +226,7 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
         }
     }
     if root {
-        ok &= write_outputs(args, &rows);
+        ok &= write_outputs(args, &info, &rows);
     }
     Ok(ok)
 }
@@ -239,7 +260,7 @@ fn select(names: &[String], mode: Mode) -> Result<Vec<Backend>, CliError> {
 }
 
 /// Writes JSON, CSV and the plot as asked; false if any could not be written.
-fn write_outputs(args: &Args, rows: &[Row]) -> bool {
+fn write_outputs(args: &Args, info: &RunInfo, rows: &[Row]) -> bool {
     let mut ok = true;
     let mut report = |what: &str, path: &std::path::Path, r: std::io::Result<()>| match r {
         Ok(()) => eprintln!("allreduce-perf: wrote {what} to {}", path.display()),
@@ -252,7 +273,7 @@ fn write_outputs(args: &Args, rows: &[Row]) -> bool {
         }
     };
     if let Some(path) = &args.json {
-        report("JSON", path, report::write_json(path, rows));
+        report("JSON", path, report::write_json(path, info, rows));
     }
     if let Some(path) = &args.csv {
         report("CSV", path, report::write_csv(path, rows));
@@ -261,13 +282,11 @@ fn write_outputs(args: &Args, rows: &[Row]) -> bool {
         report("plot", path, plot::write_svg(path, rows));
     }
     if let Some(path) = &args.tune {
-        let command: Vec<String> = std::env::args().skip(1).collect();
         let note = format!(
-            "allreduce-perf {} ({} s after the Unix epoch)",
-            command.join(" "),
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs())
+            "{} (on {}, {})",
+            info.command.join(" "),
+            info.hostname,
+            info.date
         );
         let table = tune::tuning_table(rows, &note);
         report(

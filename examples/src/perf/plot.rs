@@ -1,7 +1,8 @@
 //! The SVG plot: latency and bus bandwidth against message size, one line per backend.
 //!
 //! Two panels side by side, both with logarithmic axes, one line per backend (and
-//! algorithm), drawn with `plotters`' SVG
+//! algorithm) of its out-of-place times (in-place ones when only those were measured),
+//! drawn with `plotters`' SVG
 //! backend (no fonts loaded: the SVG names a font family and the viewer renders it).
 //! Points that a log axis cannot show (zero bandwidth, as with one rank) are left out.
 
@@ -9,7 +10,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::report::Row;
+use super::report::{Row, Timing};
 
 /// Pixel size of the whole figure.
 const SIZE: (u32, u32) = (1280, 520);
@@ -43,10 +44,10 @@ fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
             r.dtype,
             r.op,
             r.ranks,
-            if r.in_place {
-                "in place"
-            } else {
+            if r.out_of_place.is_some() {
                 "out of place"
+            } else {
+                "in place"
             }
         ),
         None => "all-reduce (no results)".to_string(),
@@ -54,13 +55,13 @@ fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
     let root = root.titled(&title, ("sans-serif", 22))?;
     let panels = root.split_evenly((1, 2));
     let groups = by_backend(rows);
-    let series = |value: fn(&Row) -> f64| -> Series {
+    let series = |value: fn(&Timing) -> f64| -> Series {
         groups
             .iter()
             .map(|(name, rows)| {
                 let points = rows
                     .iter()
-                    .map(|r| (r.bytes as f64, value(r)))
+                    .filter_map(|r| Some((r.bytes as f64, value(r.primary()?))))
                     .filter(|&(_, y)| y > 0.0 && y.is_finite())
                     .collect();
                 (name.clone(), points)

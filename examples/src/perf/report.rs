@@ -1,5 +1,5 @@
-//! Results: one [`Row`] per (backend, size), printed as an nccl-tests-style table and
-//! written as JSON or CSV.
+//! Results: one [`Row`] per (backend, size) with its out-of-place and in-place
+//! [`Timing`]s, printed as an nccl-tests-style table and written as JSON or CSV.
 
 use std::fmt::Write as _;
 use std::io::{self, Write};
@@ -7,7 +7,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-/// The measurement of one size on one backend.
+use super::meta::RunInfo;
+
+/// The measurement of one size on one backend: out of place and in place, as nccl-tests
+/// prints them side by side.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
     /// Backend name.
@@ -22,14 +25,27 @@ pub struct Row {
     pub dtype: String,
     /// Reduction operator.
     pub op: String,
-    /// Whether the reduction ran in place.
-    pub in_place: bool,
     /// Message size in bytes (`count * dtype size`).
     pub bytes: u64,
     /// Elements per rank.
     pub count: u64,
-    /// Timed iterations.
+    /// Timed iterations of each placement.
     pub iters: usize,
+    /// Separate send and receive buffers; `None` when not measured (`--in-place`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_of_place: Option<Timing>,
+    /// One buffer for input and result; `None` when not measured (`--out-of-place`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_place: Option<Timing>,
+    /// What `auto` routed this size to: `backend[:algorithm] (Source)`; `None` for
+    /// every other backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice: Option<String>,
+}
+
+/// One placement's measurement of a size.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
     /// Median time of one call on each rank, maximum over ranks, in microseconds.
     pub time_us: f64,
     /// Algorithm bandwidth, `bytes / time`, in GB/s (10^9 bytes per second).
@@ -40,10 +56,13 @@ pub struct Row {
     pub wrong: Option<u64>,
     /// Whether every rank's result had the same bits; `None` when not checked.
     pub identical: Option<bool>,
-    /// What `auto` routed this size to: `backend[:algorithm] (Source)`; `None` for
-    /// every other backend (and absent from older JSON).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub choice: Option<String>,
+}
+
+impl Timing {
+    /// True when checked and found wrong (elements, or ranks disagreeing).
+    pub fn failed(&self) -> bool {
+        self.wrong.is_some_and(|w| w > 0) || self.identical == Some(false)
+    }
 }
 
 impl Row {
@@ -55,9 +74,22 @@ impl Row {
         }
     }
 
-    /// True when the row was checked and found wrong (elements, or ranks disagreeing).
+    /// The placements measured, out of place first, with `in_place` as the flag.
+    pub fn timings(&self) -> impl Iterator<Item = (bool, &Timing)> {
+        [(false, &self.out_of_place), (true, &self.in_place)]
+            .into_iter()
+            .filter_map(|(in_place, t)| t.as_ref().map(|t| (in_place, t)))
+    }
+
+    /// The placement that stands for the row in a plot or a tuning table: out of place
+    /// when measured (the call most code makes), else in place.
+    pub fn primary(&self) -> Option<&Timing> {
+        self.out_of_place.as_ref().or(self.in_place.as_ref())
+    }
+
+    /// True when a placement was checked and found wrong.
     pub fn failed(&self) -> bool {
-        self.wrong.is_some_and(|w| w > 0) || self.identical == Some(false)
+        self.timings().any(|(_, t)| t.failed())
     }
 }
 
@@ -81,7 +113,7 @@ pub fn busbw(algbw: f64, ranks: usize) -> f64 {
     algbw * 2.0 * (n - 1.0) / n
 }
 
-/// What the table header says about a run.
+/// What the table header says about a table.
 #[derive(Debug, Clone)]
 pub struct TableHeader<'a> {
     /// Backend name.
@@ -96,61 +128,87 @@ pub struct TableHeader<'a> {
     pub dtype: &'a str,
     /// Reduction operator.
     pub op: &'a str,
-    /// In place or not.
-    pub in_place: bool,
     /// Whether results are checked.
     pub check: bool,
+    /// Whether out-of-place calls are measured.
+    pub out_of_place: bool,
+    /// Whether in-place calls are measured.
+    pub in_place: bool,
 }
 
-/// The lines above a table.
+/// Width of the columns before the placements: `#`, size, count, type, redop.
+const LEAD: usize = 40;
+/// Width of one placement's columns: time, algbw, busbw, #wrong.
+const GROUP: usize = 40;
+
+fn lead(size: &str, count: &str, ty: &str, op: &str) -> String {
+    format!("{size:>12} {count:>12} {ty:>6} {op:>6}")
+}
+
+fn group(time: &str, algbw: &str, busbw: &str, wrong: &str) -> String {
+    format!(" {time:>11} {algbw:>9} {busbw:>9} {wrong:>7}")
+}
+
+/// The lines above a table: what runs, then nccl-tests' columns, one group of time,
+/// algbw, busbw and #wrong per placement.
 pub fn header(h: &TableHeader<'_>) -> String {
-    let place = if h.in_place {
-        "in-place"
-    } else {
-        "out-of-place"
-    };
-    let check = if h.check { "on" } else { "off" };
-    let mut s = String::new();
+    let placements: Vec<&str> = [(h.out_of_place, "out-of-place"), (h.in_place, "in-place")]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
     let backend = match h.algorithm {
         Some(a) => format!("{} (algorithm {a})", h.backend),
         None => h.backend.to_string(),
     };
+    let mut s = String::new();
     let _ = writeln!(
         s,
-        "# backend: {backend}  ranks: {} ({})  dtype: {}  op: {}  {place}  check: {check}",
-        h.ranks, h.bootstrap, h.dtype, h.op
+        "# backend: {backend}  ranks: {} ({})  dtype: {}  op: {}  check: {}",
+        h.ranks,
+        h.bootstrap,
+        h.dtype,
+        h.op,
+        if h.check { "on" } else { "off" }
     );
-    let _ = writeln!(
-        s,
-        "#{:>12} {:>12} {:>6} {:>6} {:>11} {:>9} {:>9} {:>7}",
-        "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"
-    );
-    let _ = write!(
-        s,
-        "#{:>12} {:>12} {:>6} {:>6} {:>11} {:>9} {:>9} {:>7}",
-        "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", ""
-    );
+    let mut titles = format!("#{:w$}", "", w = LEAD - 1);
+    for name in &placements {
+        let _ = write!(titles, "{name:^GROUP$}");
+    }
+    s.push_str(titles.trim_end());
+    let mut names = format!("#{}", lead("size", "count", "type", "redop"));
+    let mut units = format!("#{}", lead("(B)", "(elements)", "", ""));
+    for _ in &placements {
+        names.push_str(&group("time", "algbw", "busbw", "#wrong"));
+        units.push_str(&group("(us)", "(GB/s)", "(GB/s)", ""));
+    }
+    let _ = write!(s, "\n{}\n{}", names.trim_end(), units.trim_end());
     s
 }
 
 /// One table line.
 pub fn format_row(row: &Row) -> String {
-    let wrong = match (row.wrong, row.identical) {
-        (None, _) => "N/A".to_string(),
-        (Some(w), Some(false)) => format!("{w}!"),
-        (Some(w), _) => w.to_string(),
-    };
     let mut line = format!(
-        " {:>12} {:>12} {:>6} {:>6} {:>11} {:>9.2} {:>9.2} {:>7}",
-        row.bytes,
-        row.count,
-        row.dtype,
-        row.op,
-        format_time(row.time_us),
-        row.algbw,
-        row.busbw,
-        wrong
+        " {}",
+        lead(
+            &row.bytes.to_string(),
+            &row.count.to_string(),
+            &row.dtype,
+            &row.op
+        )
     );
+    for (_, t) in row.timings() {
+        let wrong = match (t.wrong, t.identical) {
+            (None, _) => "N/A".to_string(),
+            (Some(w), Some(false)) => format!("{w}!"),
+            (Some(w), _) => w.to_string(),
+        };
+        line.push_str(&group(
+            &format_time(t.time_us),
+            &format!("{:.2}", t.algbw),
+            &format!("{:.2}", t.busbw),
+            &wrong,
+        ));
+    }
     // `auto`'s choice as a last column, so that the columns before it stay nccl-tests'.
     if let Some(choice) = &row.choice {
         let _ = write!(line, "  -> {choice}");
@@ -166,20 +224,31 @@ fn format_time(us: f64) -> String {
     }
 }
 
-/// The lines below a table: mean bus bandwidth (as nccl-tests prints it) and the verdict.
+/// The lines below a table: mean bus bandwidth over every size and placement (as
+/// nccl-tests prints it) and the verdict.
 pub fn footer(rows: &[Row]) -> String {
-    let mean = if rows.is_empty() {
+    let timings: Vec<&Timing> = rows
+        .iter()
+        .flat_map(|r| r.timings().map(|(_, t)| t))
+        .collect();
+    let mean = if timings.is_empty() {
         0.0
     } else {
-        rows.iter().map(|r| r.busbw).sum::<f64>() / rows.len() as f64
+        timings.iter().map(|t| t.busbw).sum::<f64>() / timings.len() as f64
     };
     let mut s = format!("# Avg bus bandwidth: {mean:.3} GB/s");
-    if rows.iter().any(|r| r.wrong.is_some()) {
-        let wrong: u64 = rows.iter().filter_map(|r| r.wrong).sum();
-        let split = rows.iter().filter(|r| r.identical == Some(false)).count();
+    if timings.iter().any(|t| t.wrong.is_some()) {
+        let wrong: u64 = timings.iter().filter_map(|t| t.wrong).sum();
+        let split = timings
+            .iter()
+            .filter(|t| t.identical == Some(false))
+            .count();
         let _ = write!(s, "\n# Wrong elements: {wrong}");
         if split > 0 {
-            let _ = write!(s, "; ranks' results differ at {split} size(s) (marked !)");
+            let _ = write!(
+                s,
+                "; ranks' results differ in {split} measurement(s) (marked !)"
+            );
         }
         s.push_str(if wrong == 0 && split == 0 {
             "  OK"
@@ -190,16 +259,19 @@ pub fn footer(rows: &[Row]) -> String {
     s
 }
 
-/// The JSON document: `{"results": [...]}`.
+/// The JSON document: `{"run": {...}, "results": [...]}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Results {
-    /// One entry per (backend, size).
+    /// The run's machine, command line, date and parameters.
+    pub run: RunInfo,
+    /// One entry per (backend, algorithm, size).
     pub results: Vec<Row>,
 }
 
-/// Writes `rows` as JSON.
-pub fn write_json(path: &Path, rows: &[Row]) -> io::Result<()> {
+/// Writes `rows` as JSON, with `run` describing where they came from.
+pub fn write_json(path: &Path, run: &RunInfo, rows: &[Row]) -> io::Result<()> {
     let doc = Results {
+        run: run.clone(),
         results: rows.to_vec(),
     };
     let mut text = serde_json::to_string_pretty(&doc).map_err(io::Error::other)?;
@@ -207,8 +279,8 @@ pub fn write_json(path: &Path, rows: &[Row]) -> io::Result<()> {
     std::fs::write(path, text)
 }
 
-/// The CSV header line.
-/// (`choice` came last, so that readers of the older columns by position still work.)
+/// The CSV header line: one line per (backend, algorithm, size, placement), so that each
+/// column holds one quantity.
 pub const CSV_HEADER: &str = "backend,algorithm,bootstrap,ranks,dtype,op,in_place,bytes,count,iters,time_us,algbw,busbw,wrong,identical,choice";
 
 /// Writes `rows` as CSV (empty fields where a value is absent).
@@ -217,26 +289,28 @@ pub fn write_csv(path: &Path, rows: &[Row]) -> io::Result<()> {
     writeln!(out, "{CSV_HEADER}")?;
     let opt = |v: Option<String>| v.unwrap_or_default();
     for r in rows {
-        writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{},{},{:.3},{:.4},{:.4},{},{},{}",
-            csv_field(&r.backend),
-            csv_field(r.algorithm.as_deref().unwrap_or_default()),
-            csv_field(&r.bootstrap),
-            r.ranks,
-            r.dtype,
-            r.op,
-            r.in_place,
-            r.bytes,
-            r.count,
-            r.iters,
-            r.time_us,
-            r.algbw,
-            r.busbw,
-            opt(r.wrong.map(|w| w.to_string())),
-            opt(r.identical.map(|i| i.to_string())),
-            csv_field(r.choice.as_deref().unwrap_or_default()),
-        )?;
+        for (in_place, t) in r.timings() {
+            writeln!(
+                out,
+                "{},{},{},{},{},{},{},{},{},{},{:.3},{:.4},{:.4},{},{},{}",
+                csv_field(&r.backend),
+                csv_field(r.algorithm.as_deref().unwrap_or_default()),
+                csv_field(&r.bootstrap),
+                r.ranks,
+                r.dtype,
+                r.op,
+                in_place,
+                r.bytes,
+                r.count,
+                r.iters,
+                t.time_us,
+                t.algbw,
+                t.busbw,
+                opt(t.wrong.map(|w| w.to_string())),
+                opt(t.identical.map(|i| i.to_string())),
+                csv_field(r.choice.as_deref().unwrap_or_default()),
+            )?;
+        }
     }
     out.flush()
 }

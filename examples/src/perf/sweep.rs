@@ -1,9 +1,9 @@
 //! The sweep one rank runs: for each size, warm up, time, optionally check, and gather.
 //!
-//! Every rank runs [`run_rank`] with its own communicator. Per size it fills its input,
-//! runs the warm-up calls, meets the others at a barrier, then times each call on its
-//! own clock and keeps the median. A checked run follows on fresh data with poisoned
-//! outputs. The ranks then exchange (median, #wrong, fingerprint) through the bootstrap,
+//! Every rank runs [`run_rank`] with its own communicator. Per size and placement (out of
+//! place, then in place, as nccl-tests does) it fills its input, runs the warm-up calls,
+//! meets the others at a barrier, then times each call on its own clock and keeps the
+//! median. A checked call follows on fresh data with poisoned outputs. The ranks then exchange (median, #wrong, fingerprint) through the bootstrap,
 //! not through the communicator under test (a GPU backend may not take host memory),
 //! so every rank ends with the same [`Row`]: time is the slowest rank's median, #wrong
 //! the sum over ranks, and the fingerprints must all agree.
@@ -13,6 +13,8 @@
 
 mod device;
 
+pub use device::event_times;
+
 use std::time::{Duration, Instant};
 
 use comm_core::{
@@ -21,7 +23,7 @@ use comm_core::{
 };
 
 use super::data::{Inputs, Value, fingerprint, mix64, poison};
-use super::report::{Row, algbw, busbw};
+use super::report::{Row, Timing, algbw, busbw};
 use crate::backends::RankContext;
 use crate::launch::run_threads;
 
@@ -37,6 +39,11 @@ const ITERS_BUDGET_S: f64 = 0.25;
 const WARMUP_BUDGET_S: f64 = 0.05;
 /// The fewest timed iterations the automatic count gives.
 const MIN_AUTO_ITERS: usize = 3;
+/// Most calls of the first size before anything is timed (see [`Run::settle`])...
+const SETTLE_CALLS: usize = 500;
+/// ... and the time they may take on the slowest rank: at 64 MiB one host call can take
+/// half a second, and 500 of them made a one-size sweep look hung.
+const SETTLE_BUDGET_S: f64 = 0.2;
 
 /// What to sweep.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,12 +60,26 @@ pub struct SweepConfig {
     pub warmup: Option<usize>,
     /// Check results.
     pub check: bool,
-    /// Reduce in place.
+    /// Measure out-of-place calls (separate send and receive buffers).
+    pub out_of_place: bool,
+    /// Measure in-place calls (one buffer); with `out_of_place`, both are measured.
     pub in_place: bool,
     /// Seed of the input data; every rank must use the same.
     pub seed: u64,
     /// Which of a backend's named algorithms to measure, one table each.
     pub algorithms: Algorithms,
+}
+
+impl SweepConfig {
+    /// The placements to measure, as `in_place` flags, out of place first; out of place
+    /// alone when the config names neither.
+    pub fn placements(&self) -> Vec<bool> {
+        match (self.out_of_place, self.in_place) {
+            (_, false) => vec![false],
+            (false, true) => vec![true],
+            (true, true) => vec![false, true],
+        }
+    }
 }
 
 /// Which of a backend's named algorithms ([`Capabilities::algorithms`]) to measure.
@@ -115,6 +136,16 @@ pub fn iterations(call_s: f64, warmup: Option<usize>, iters: Option<usize>) -> (
         .unwrap_or_else(|| fit(WARMUP_BUDGET_S, 1, DEFAULT_WARMUP))
         .max(1);
     (warmup, iters)
+}
+
+/// Warm-up calls of placement `index` of a size whose first placement got `first`: the
+/// call that fitted the counts was that one's first warm-up call, the others get all.
+fn warmup_calls(cfg: &SweepConfig, index: usize, first: usize) -> usize {
+    match (index, cfg.warmup) {
+        (0, _) => first,
+        (_, Some(given)) => given,
+        (_, None) => first + 1,
+    }
 }
 
 /// What rank 0 reports while it sweeps.
@@ -321,6 +352,14 @@ struct Measured {
 impl Measured {
     const BYTES: usize = 24;
 
+    fn unchecked(median_us: f64) -> Self {
+        Measured {
+            median_us,
+            wrong: 0,
+            fingerprint: 0,
+        }
+    }
+
     fn encode(&self) -> [u8; Self::BYTES] {
         let mut out = [0; Self::BYTES];
         out[..8].copy_from_slice(&self.median_us.to_le_bytes());
@@ -381,12 +420,15 @@ impl Run<'_> {
         )?;
         let use_comm_barrier = caps.collectives.contains(&Collective::Barrier);
         let largest = points.iter().map(|p| p.count).max().unwrap_or(0);
+        let recv_len = |count: usize| if cfg.out_of_place { count } else { 0 };
         let mut send = vec![T::poison(); largest];
-        let mut recv = vec![T::poison(); if cfg.in_place { 0 } else { largest }];
+        let mut recv = vec![T::poison(); recv_len(largest)];
         // Threads that are still starting would make the first size's first call look
         // slow, and the iteration count fitted to it too small.
         self.sync(use_comm_barrier)?;
-        self.settle(&mut send, &mut recv, points.first().map_or(0, |p| p.count))?;
+        let first = points.first().map_or(0, |p| p.count);
+        let in_place = cfg.placements()[0];
+        self.settle(|| self.call(in_place, &mut send[..first], &mut recv[..recv_len(first)]))?;
         let mut rows = Vec::with_capacity(points.len());
         for (index, point) in points.iter().enumerate() {
             (self.observe)(Event::Starting {
@@ -396,45 +438,48 @@ impl Run<'_> {
                 bytes: point.bytes,
             });
             let send = &mut send[..point.count];
-            let recv = &mut recv[..if cfg.in_place { 0 } else { point.count }];
+            let recv = &mut recv[..recv_len(point.count)];
             let (iters, mine) = self.measure(index, send, recv, use_comm_barrier)?;
-            let row = self.gather(point, iters, mine, false)?;
+            let row = self.gather(point, iters, &mine, false)?;
             (self.observe)(Event::Finished(&row));
             rows.push(row);
         }
         Ok(rows)
     }
 
-    /// Runs a fixed number of calls of the smallest size before anything is timed: right
-    /// after start-up, processes are still faulting pages in and being placed on cores,
-    /// and the first table of a run came out several times slower than later ones.
-    fn settle<T: Value>(&self, send: &mut [T], recv: &mut [T], count: usize) -> Result<()> {
-        const CALLS: usize = 500;
-        for _ in 0..CALLS {
-            if self.cfg.in_place {
-                let buf = BufferMut::host(&mut send[..count]);
-                self.comm.all_reduce_in_place(buf, self.cfg.op)?;
-            } else {
-                let (input, output) = (
-                    BufferRef::host(&send[..count]),
-                    BufferMut::host(&mut recv[..count]),
-                );
-                self.comm.all_reduce(input, output, self.cfg.op)?;
+    /// Runs calls of the first size before anything is timed: right after start-up,
+    /// processes are still faulting pages in and being placed on cores, and the first
+    /// table of a run came out several times slower than later ones. Batches grow by
+    /// doubling until [`SETTLE_CALLS`] calls are made or [`SETTLE_BUDGET_S`] has passed on
+    /// the slowest rank; the ranks agree after each batch, so all make the same calls.
+    fn settle(&self, mut call: impl FnMut() -> Result<()>) -> Result<()> {
+        let start = Instant::now();
+        let (mut done, mut batch) = (0, 1);
+        while done < SETTLE_CALLS {
+            for _ in 0..batch {
+                call()?;
             }
+            done += batch;
+            if self.slowest(start.elapsed().as_secs_f64())? >= SETTLE_BUDGET_S {
+                break;
+            }
+            batch = (2 * batch).min(SETTLE_CALLS - done);
         }
         Ok(())
     }
 
-    /// Times one size, then checks it if asked; returns the timed iteration count too.
+    /// Times one size in each placement, then checks it if asked; returns the timed
+    /// iteration count and one measurement per placement.
     fn measure<T: Value>(
         &self,
         index: usize,
         send: &mut [T],
         recv: &mut [T],
         use_comm_barrier: bool,
-    ) -> Result<(usize, Measured)> {
+    ) -> Result<(usize, Vec<Measured>)> {
         let (cfg, rank, ranks) = (self.cfg, self.comm.rank(), self.comm.world_size());
         let seed = |purpose: u64| mix64(cfg.seed ^ mix64((index as u64) << 8 | purpose));
+        let placements = cfg.placements();
         Inputs::new::<T>(seed(1), cfg.op, ranks).fill(rank, send);
         let (warmup, iters) = match (cfg.warmup, cfg.iters) {
             (Some(warmup), Some(iters)) => (warmup, iters),
@@ -442,47 +487,42 @@ impl Run<'_> {
             // ranks agree on the slowest one's time, so that all make the same calls.
             (warmup, iters) => {
                 let start = Instant::now();
-                self.call(send, recv)?;
+                self.call(placements[0], send, recv)?;
                 let slowest = self.slowest(start.elapsed().as_secs_f64())?;
                 let (warmup, iters) = iterations(slowest, warmup, iters);
                 (warmup - 1, iters)
             }
         };
-        for _ in 0..warmup {
-            self.call(send, recv)?;
-        }
-        self.sync(use_comm_barrier)?;
-        let mut times = Vec::with_capacity(iters);
-        for _ in 0..iters {
-            let start = Instant::now();
-            self.call(send, recv)?;
-            times.push(start.elapsed());
-        }
-        // Nanoseconds are the clock's resolution; more digits would be noise in the JSON.
-        let median_us = (median(&mut times).as_secs_f64() * 1e9).round() / 1e3;
-        if !cfg.check {
-            return Ok((
-                iters,
-                Measured {
-                    median_us,
-                    wrong: 0,
-                    fingerprint: 0,
-                },
-            ));
-        }
-        let inputs = Inputs::new::<T>(seed(2), cfg.op, ranks);
-        inputs.fill(rank, send);
-        poison(recv);
-        self.call(send, recv)?;
-        let out: &[T] = if cfg.in_place { send } else { recv };
-        Ok((
-            iters,
-            Measured {
+        let mut measured = Vec::with_capacity(placements.len());
+        for (i, &in_place) in placements.iter().enumerate() {
+            for _ in 0..warmup_calls(cfg, i, warmup) {
+                self.call(in_place, send, recv)?;
+            }
+            self.sync(use_comm_barrier)?;
+            let mut times = Vec::with_capacity(iters);
+            for _ in 0..iters {
+                let start = Instant::now();
+                self.call(in_place, send, recv)?;
+                times.push(start.elapsed());
+            }
+            // Nanoseconds are the clock's resolution; more digits would be noise.
+            let median_us = (median(&mut times).as_secs_f64() * 1e9).round() / 1e3;
+            if !cfg.check {
+                measured.push(Measured::unchecked(median_us));
+                continue;
+            }
+            let inputs = Inputs::new::<T>(seed(2), cfg.op, ranks);
+            inputs.fill(rank, send);
+            poison(recv);
+            self.call(in_place, send, recv)?;
+            let out: &[T] = if in_place { send } else { recv };
+            measured.push(Measured {
                 median_us,
                 wrong: inputs.count_wrong(out),
                 fingerprint: fingerprint(BufferRef::host(out).host_bytes().unwrap_or_default()),
-            },
-        ))
+            });
+        }
+        Ok((iters, measured))
     }
 
     /// Waits for every rank: on the communicator under test when it has a barrier.
@@ -494,8 +534,8 @@ impl Run<'_> {
         }
     }
 
-    fn call<T: Value>(&self, send: &mut [T], recv: &mut [T]) -> Result<()> {
-        if self.cfg.in_place {
+    fn call<T: Value>(&self, in_place: bool, send: &mut [T], recv: &mut [T]) -> Result<()> {
+        if in_place {
             self.comm
                 .all_reduce_in_place(BufferMut::host(send), self.cfg.op)
         } else {
@@ -517,18 +557,49 @@ impl Run<'_> {
             .try_fold(0.0, |max, t| t.map(|t| f64::max(max, t)))
     }
 
-    /// Exchanges every rank's measurement and builds the row (the same on every rank).
-    fn gather(&self, point: &Point, iters: usize, mine: Measured, device: bool) -> Result<Row> {
+    /// Exchanges every rank's measurements (one per placement) and builds the row (the
+    /// same on every rank).
+    fn gather(&self, point: &Point, iters: usize, mine: &[Measured], device: bool) -> Result<Row> {
+        let record: Vec<u8> = mine.iter().flat_map(Measured::encode).collect();
         let all = self
             .ctl
-            .all_gather_bytes(&mine.encode())?
+            .all_gather_bytes(&record)?
             .iter()
-            .map(|b| Measured::decode(b))
+            .map(|b| {
+                b.chunks(Measured::BYTES)
+                    .map(Measured::decode)
+                    .collect::<Result<Vec<_>>>()
+            })
             .collect::<Result<Vec<_>>>()?;
         let ranks = all.len();
-        let time_us = all.iter().map(|m| m.median_us).fold(0.0, f64::max);
-        let alg = algbw(point.bytes, time_us);
         let checked = self.cfg.check;
+        let timing = |slot: usize| -> Result<Timing> {
+            let got = all
+                .iter()
+                .map(|m| {
+                    m.get(slot).ok_or_else(|| {
+                        Error::Bootstrap(format!("a rank sent {} measurement(s)", m.len()))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let time_us = got.iter().map(|m| m.median_us).fold(0.0, f64::max);
+            let alg = algbw(point.bytes, time_us);
+            Ok(Timing {
+                time_us,
+                algbw: alg,
+                busbw: busbw(alg, ranks),
+                wrong: checked.then(|| got.iter().map(|m| m.wrong).sum()),
+                identical: checked.then(|| got.iter().all(|m| m.fingerprint == got[0].fingerprint)),
+            })
+        };
+        let (mut out_of_place, mut in_place) = (None, None);
+        for (slot, placed) in self.cfg.placements().into_iter().enumerate() {
+            *(if placed {
+                &mut in_place
+            } else {
+                &mut out_of_place
+            }) = Some(timing(slot)?);
+        }
         Ok(Row {
             backend: self.backend.to_string(),
             algorithm: self.algorithm.map(str::to_string),
@@ -536,15 +607,11 @@ impl Run<'_> {
             ranks,
             dtype: self.cfg.dtype.name().to_string(),
             op: self.cfg.op.name().to_string(),
-            in_place: self.cfg.in_place,
             bytes: point.bytes,
             count: point.count as u64,
             iters,
-            time_us,
-            algbw: alg,
-            busbw: busbw(alg, ranks),
-            wrong: checked.then(|| all.iter().map(|m| m.wrong).sum()),
-            identical: checked.then(|| all.iter().all(|m| m.fingerprint == all[0].fingerprint)),
+            out_of_place,
+            in_place,
             choice: self.selector.map(|s| {
                 let call = comm_select::CallInfo::all_reduce(
                     self.cfg.dtype,
@@ -587,7 +654,8 @@ mod tests {
             iters: None,
             warmup: None,
             check: false,
-            in_place: false,
+            out_of_place: true,
+            in_place: true,
             seed: 1,
             algorithms: Algorithms::Default,
         }

@@ -19,14 +19,15 @@ pub fn tuning_table(rows: &[Row], note: &str) -> TuningTable {
     table.measurements = rows
         .iter()
         .filter(|r| !r.failed() && r.backend != "auto" && r.ranks == world)
-        .map(|r| Measurement {
+        .filter_map(|r| Some((r, r.primary()?.time_us)))
+        .map(|(r, time_us)| Measurement {
             collective: Collective::AllReduce.name().to_string(),
             dtype: r.dtype.clone(),
             bytes: r.bytes as usize,
             memory: r.backend.parse::<BackendId>().ok().map(BackendId::memory),
             backend: r.backend.clone(),
             algorithm: r.algorithm.clone(),
-            time_us: r.time_us,
+            time_us,
         })
         .collect();
     table
@@ -35,6 +36,7 @@ pub fn tuning_table(rows: &[Row], note: &str) -> TuningTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::perf::report::Timing;
     use comm_core::DType;
     use comm_select::Memory;
 
@@ -46,15 +48,17 @@ mod tests {
             ranks: 4,
             dtype: "bf16".into(),
             op: "sum".into(),
-            in_place: false,
             bytes,
             count: bytes / 2,
             iters: 20,
-            time_us,
-            algbw: 0.0,
-            busbw: 0.0,
-            wrong: None,
-            identical: None,
+            out_of_place: Some(Timing {
+                time_us,
+                algbw: 0.0,
+                busbw: 0.0,
+                wrong: None,
+                identical: None,
+            }),
+            in_place: None,
             choice: None,
         }
     }
@@ -62,7 +66,10 @@ mod tests {
     #[test]
     fn selector_reads_what_tune_writes() {
         let mut wrong = row("symm", Some("lamport"), 1024, 1.0);
-        wrong.wrong = Some(3);
+        wrong.in_place = wrong.out_of_place.map(|t| Timing {
+            wrong: Some(3),
+            ..t
+        });
         let rows = vec![
             row("local", None, 1024, 20.0),
             row("symm", Some("oneshot"), 1024, 9.0),

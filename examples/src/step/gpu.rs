@@ -7,7 +7,6 @@
 
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::time::Duration;
 
 use comm_core::cuda::cudarc::driver::sys::{
     CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
@@ -144,14 +143,7 @@ pub fn run(comm: &dyn Communicator, ctl: &dyn Bootstrap, cfg: &Config) -> Result
         event.record(&stream).map_err(driver_error)?;
     }
     memory.synchronize()?;
-    let mut times = events
-        .windows(2)
-        .map(|w| {
-            w[0].elapsed_ms(&w[1])
-                .map(|ms| Duration::from_secs_f64(f64::from(ms) / 1e3))
-                .map_err(driver_error)
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let mut times = crate::perf::sweep::event_times(&events)?;
     Ok(Timing {
         step: crate::perf::sweep::median(&mut times),
         wrong,

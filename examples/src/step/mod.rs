@@ -28,7 +28,8 @@ usage: verify-step [--calls N] [--count N] [--dtype bf16|f16|f32] [--steps N] [-
   --dtype T      bf16 (default), f16 or f32
   --steps N      timed steps (default 200); the median is reported
   --warmup N     untimed steps first (default 10)
-  --ranks N      in-process ranks when no launcher started us (default 1)
+  --ranks N      in-process ranks when no launcher started us (default: one per GPU,
+                 4 without a GPU)
   --backend L    comma-separated registry names, `all` (every backend of the launch
                  mode that starts here) or `auto` (default: all,auto)
 ";
@@ -60,7 +61,7 @@ impl Default for Config {
             dtype: DType::BF16,
             steps: 200,
             warmup: 10,
-            ranks: 1,
+            ranks: default_ranks(),
             backends: vec!["all".into(), "auto".into()],
         }
     }
@@ -77,48 +78,60 @@ pub struct Timing {
     pub graph: bool,
 }
 
-/// Parses the command line (without the program name).
-pub fn parse(
-    args: impl IntoIterator<Item = String>,
-) -> std::result::Result<Option<Config>, String> {
+/// In-process ranks when `--ranks` is not given: one per GPU (GPU backends take one GPU
+/// per rank), else as many as `allreduce-perf` starts, so that a host run communicates.
+pub fn default_ranks() -> usize {
+    match comm_core::cuda::device_count() {
+        Ok(gpus) if gpus > 0 => gpus,
+        _ => crate::perf::cli::DEFAULT_RANKS,
+    }
+}
+
+/// Parses the command line (without the program name); `None` asks for the help text.
+pub fn parse<I>(args: I) -> std::result::Result<Option<Config>, String>
+where
+    I: IntoIterator,
+    I::Item: Into<std::ffi::OsString>,
+{
+    use lexopt::prelude::*;
+
     let mut cfg = Config::default();
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) => (f.to_string(), Some(v.to_string())),
-            None => (arg.clone(), None),
-        };
-        if flag == "-h" || flag == "--help" {
-            return Ok(None);
-        }
-        let value = inline
-            .or_else(|| args.next())
-            .ok_or_else(|| format!("{flag} needs a value"))?;
-        let number = || {
-            value
-                .parse::<usize>()
-                .map_err(|_| format!("{flag}: `{value}` is not a number"))
-        };
-        match flag.as_str() {
-            "--calls" => cfg.calls = number()?,
-            "--count" => cfg.count = number()?,
-            "--steps" => cfg.steps = number()?.max(1),
-            "--warmup" => cfg.warmup = number()?,
-            "--ranks" => cfg.ranks = number()?.max(1),
-            "--dtype" => {
-                cfg.dtype = value.parse().map_err(|e| format!("--dtype: {e}"))?;
+    let mut parser = lexopt::Parser::from_args(args);
+    let text = |parser: &mut lexopt::Parser, flag: &str| -> std::result::Result<String, String> {
+        parser
+            .value()
+            .map_err(|e| e.to_string())?
+            .into_string()
+            .map_err(|v| format!("{flag}: `{}` is not valid UTF-8", v.to_string_lossy()))
+    };
+    let number = |parser: &mut lexopt::Parser, flag: &str| -> std::result::Result<usize, String> {
+        let v = text(parser, flag)?;
+        v.parse()
+            .map_err(|_| format!("{flag}: `{v}` is not a number"))
+    };
+    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
+        match arg {
+            Short('h') | Long("help") => return Ok(None),
+            Long("calls") => cfg.calls = number(&mut parser, "--calls")?,
+            Long("count") => cfg.count = number(&mut parser, "--count")?,
+            Long("steps") => cfg.steps = number(&mut parser, "--steps")?.max(1),
+            Long("warmup") => cfg.warmup = number(&mut parser, "--warmup")?,
+            Long("ranks") => cfg.ranks = number(&mut parser, "--ranks")?.max(1),
+            Long("dtype") => {
+                let v = text(&mut parser, "--dtype")?;
+                cfg.dtype = v.parse().map_err(|e| format!("--dtype: {e}"))?;
                 if !matches!(cfg.dtype, DType::BF16 | DType::F16 | DType::F32) {
                     return Err(gpu::unsupported(cfg.dtype).to_string());
                 }
             }
-            "--backend" => {
-                cfg.backends = value
+            Long("backend") => {
+                cfg.backends = text(&mut parser, "--backend")?
                     .split(',')
                     .map(|s| s.trim().to_string())
                     .filter(|s| !s.is_empty())
                     .collect()
             }
-            other => return Err(format!("unknown flag `{other}`")),
+            _ => return Err(arg.unexpected().to_string()),
         }
     }
     Ok(Some(cfg))
@@ -126,7 +139,7 @@ pub fn parse(
 
 /// The program: exit 0 when every backend ran and matched the reference.
 pub fn main() -> ExitCode {
-    let cfg = match parse(std::env::args().skip(1)) {
+    let cfg = match parse(std::env::args_os().skip(1)) {
         Ok(Some(cfg)) => cfg,
         Ok(None) => {
             print!("{USAGE}");
@@ -319,7 +332,16 @@ mod tests {
             (cfg.calls, cfg.count, cfg.dtype, cfg.ranks),
             (7, 33, DType::F32, 3)
         );
-        assert!(parse(["--dtype".into(), "i32".into()]).is_err());
+        assert!(parse(["--dtype", "i32"]).is_err());
+        assert!(parse(["--calls"]).is_err());
+        assert!(parse(["--frobnicate"]).is_err());
+        assert!(parse(["stray"]).is_err());
+        assert_eq!(parse(["--help"]), Ok(None));
+        // Without a GPU the host backends run on several ranks, so that they communicate.
+        if comm_core::cuda::device_count().is_ok_and(|n| n == 0) {
+            let defaults = parse(Vec::<String>::new()).unwrap().unwrap();
+            assert_eq!(defaults.ranks, crate::perf::cli::DEFAULT_RANKS);
+        }
         for (i, name) in expand(&cfg.backends, Mode::Threads).iter().enumerate() {
             let names = std::slice::from_ref(name);
             let ok = run_threads(cfg.ranks, |ctx| run_rank(&ctx, &cfg, names, i == 0)).unwrap();

@@ -4,9 +4,10 @@
 //! ([`PatternKernels`](comm_core::cuda::PatternKernels)), as nccl-tests does, so a sweep
 //! to gigabytes never copies data to the host. Each timed call is framed by two CUDA
 //! events on the stream; a size's time is the median of those per-call GPU times, taken
-//! after the stream has drained (bounded by the bootstrap's timeout). The check runs on
-//! fresh data with the output poisoned (all bits set: NaN, -1 or 255), and the
-//! fingerprint of the result is taken from one copy to the host.
+//! after the stream has drained (bounded by the bootstrap's timeout). In place means the
+//! send buffer is also the receive buffer. The check runs on fresh data with the output
+//! poisoned (all bits set: NaN, -1 or 255; out of place only, since in place the output
+//! is the input), and the fingerprint of the result is taken from one copy to the host.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +17,7 @@ use comm_core::cuda::stream::wait_stream;
 use comm_core::cuda::{DeviceMemory, DeviceOwned, PatternKernels, device_count, driver_error};
 use comm_core::{Collective, MemoryLocation, Result};
 
-use super::{Measured, Point, Row, Run, iterations, median};
+use super::{Measured, Point, Row, Run, iterations, median, warmup_calls};
 use crate::perf::data::{fingerprint, mix64};
 
 impl Run<'_> {
@@ -40,7 +41,7 @@ impl Run<'_> {
         let kernels = PatternKernels::load(memory.context())?;
         let largest = points.iter().map(|p| p.count).max().unwrap_or(0);
         let mut send = memory.alloc(cfg.dtype, largest)?;
-        let mut recv = memory.alloc(cfg.dtype, if cfg.in_place { 0 } else { largest })?;
+        let mut recv = memory.alloc(cfg.dtype, if cfg.out_of_place { largest } else { 0 })?;
         let mut rows = Vec::with_capacity(points.len());
         for (index, point) in points.iter().enumerate() {
             (self.observe)(super::Event::Starting {
@@ -51,7 +52,7 @@ impl Run<'_> {
             });
             let (iters, mine) =
                 self.measure_device(point, index, &memory, &kernels, &mut send, &mut recv)?;
-            let row = self.gather(point, iters, mine, true)?;
+            let row = self.gather(point, iters, &mine, true)?;
             (self.observe)(super::Event::Finished(&row));
             rows.push(row);
         }
@@ -66,10 +67,11 @@ impl Run<'_> {
         kernels: &PatternKernels,
         send: &mut DeviceOwned,
         recv: &mut DeviceOwned,
-    ) -> Result<(usize, Measured)> {
+    ) -> Result<(usize, Vec<Measured>)> {
         let (cfg, rank, ranks) = (self.cfg, self.comm.rank(), self.comm.world_size());
         let seed = |purpose: u64| mix64(cfg.seed ^ mix64((index as u64) << 8 | purpose));
         let n = point.count;
+        let placements = cfg.placements();
         kernels.fill(send.view_mut(0, n)?, seed(1), rank as u32)?;
         let (warmup, iters) = match (cfg.warmup, cfg.iters) {
             (Some(warmup), Some(iters)) => (warmup, iters),
@@ -78,68 +80,62 @@ impl Run<'_> {
             (warmup, iters) => {
                 self.drain(memory)?;
                 let start = Instant::now();
-                self.call_device(send, recv, n)?;
+                self.call_device(placements[0], send, recv, n)?;
                 self.drain(memory)?;
                 let slowest = self.slowest(start.elapsed().as_secs_f64())?;
                 let (warmup, iters) = iterations(slowest, warmup, iters);
                 (warmup - 1, iters)
             }
         };
-        for _ in 0..warmup {
-            self.call_device(send, recv, n)?;
-        }
-        self.drain(memory)?;
-        self.comm.barrier()?;
         let stream = memory.stream();
         let events = (0..=iters)
             .map(|_| timing_event(stream))
             .collect::<Result<Vec<_>>>()?;
-        events[0].record(stream).map_err(driver_error)?;
-        for event in &events[1..] {
-            self.call_device(send, recv, n)?;
-            event.record(stream).map_err(driver_error)?;
-        }
-        self.drain(memory)?;
-        let mut times = events
-            .windows(2)
-            .map(|w| {
-                w[0].elapsed_ms(&w[1])
-                    .map(|ms| Duration::from_secs_f64(f64::from(ms) / 1e3))
-                    .map_err(driver_error)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let median_us = (median(&mut times).as_secs_f64() * 1e9).round() / 1e3;
-        if !cfg.check {
-            return Ok((
-                iters,
-                Measured {
-                    median_us,
-                    wrong: 0,
-                    fingerprint: 0,
-                },
-            ));
-        }
-        kernels.fill(send.view_mut(0, n)?, seed(2), rank as u32)?;
-        if !cfg.in_place {
-            recv.poison(0xff)?;
-        }
-        self.call_device(send, recv, n)?;
-        self.drain(memory)?;
-        let out = if cfg.in_place { &*send } else { &*recv };
-        let wrong = kernels.check_all_reduce(out.view(0, n)?, cfg.op, seed(2), ranks as u32)?;
-        let bytes = out.read()?;
-        Ok((
-            iters,
-            Measured {
+        let mut measured = Vec::with_capacity(placements.len());
+        for (i, &in_place) in placements.iter().enumerate() {
+            for _ in 0..warmup_calls(cfg, i, warmup) {
+                self.call_device(in_place, send, recv, n)?;
+            }
+            self.drain(memory)?;
+            self.comm.barrier()?;
+            events[0].record(stream).map_err(driver_error)?;
+            for event in &events[1..] {
+                self.call_device(in_place, send, recv, n)?;
+                event.record(stream).map_err(driver_error)?;
+            }
+            self.drain(memory)?;
+            let mut times = event_times(&events)?;
+            let median_us = (median(&mut times).as_secs_f64() * 1e9).round() / 1e3;
+            if !cfg.check {
+                measured.push(Measured::unchecked(median_us));
+                continue;
+            }
+            kernels.fill(send.view_mut(0, n)?, seed(2), rank as u32)?;
+            if !in_place {
+                recv.poison(0xff)?;
+            }
+            self.call_device(in_place, send, recv, n)?;
+            self.drain(memory)?;
+            let out = if in_place { &*send } else { &*recv };
+            let wrong = kernels.check_all_reduce(out.view(0, n)?, cfg.op, seed(2), ranks as u32)?;
+            let bytes = out.read()?;
+            measured.push(Measured {
                 median_us,
                 wrong,
                 fingerprint: fingerprint(&bytes[..n * cfg.dtype.size()]),
-            },
-        ))
+            });
+        }
+        Ok((iters, measured))
     }
 
-    fn call_device(&self, send: &mut DeviceOwned, recv: &mut DeviceOwned, n: usize) -> Result<()> {
-        if self.cfg.in_place {
+    fn call_device(
+        &self,
+        in_place: bool,
+        send: &mut DeviceOwned,
+        recv: &mut DeviceOwned,
+        n: usize,
+    ) -> Result<()> {
+        if in_place {
             self.comm
                 .all_reduce_in_place(send.view_mut(0, n)?, self.cfg.op)
         } else {
@@ -164,4 +160,16 @@ fn timing_event(stream: &Arc<CudaStream>) -> Result<CudaEvent> {
         .context()
         .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
         .map_err(driver_error)
+}
+
+/// The GPU times between consecutive recorded `events` (all must have completed).
+pub fn event_times(events: &[CudaEvent]) -> Result<Vec<Duration>> {
+    events
+        .windows(2)
+        .map(|w| {
+            w[0].elapsed_ms(&w[1])
+                .map(|ms| Duration::from_secs_f64(f64::from(ms) / 1e3))
+                .map_err(driver_error)
+        })
+        .collect()
 }
