@@ -3,7 +3,7 @@
 
 use comm_core::conformance::mpirun;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use comm_core::conformance::{self, Config};
 use comm_core::{
@@ -85,6 +85,15 @@ fn body() {
         .all_reduce_in_place_slice(&mut bad, ReduceOp::Sum)
         .unwrap_err();
     assert!(matches!(err, Error::Mismatch(_)), "rank {me}: {err}");
+    for kind in conformance::Disagreement::ALL {
+        let after = conformance::check_disagreement(
+            &comm,
+            &conformance::HostMemory,
+            kind,
+            Duration::from_secs(10),
+        );
+        assert_eq!(after, Ok(conformance::After::Usable), "rank {me}: {kind:?}");
+    }
 
     // The conformance suite, as separate processes.
     let config = Config {
