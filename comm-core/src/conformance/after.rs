@@ -53,6 +53,27 @@ pub enum After {
     Skipped,
 }
 
+/// [`check_disagreement`] of every [`Disagreement`] in turn, on a backend that must stay
+/// usable after each (every backend that settles calls across ranks itself).
+pub fn check_disagreements_keep_usable(
+    comm: &dyn Communicator,
+    memory: &dyn TestMemory,
+    bound: Duration,
+) -> Result<(), Failure> {
+    for kind in Disagreement::ALL {
+        match check_disagreement(comm, memory, kind, bound)? {
+            After::Usable | After::Skipped => {}
+            After::Poisoned => {
+                return Err(failure(
+                    format!("ranks disagree ({kind:?})"),
+                    "the communicator was poisoned by a mismatch it should have settled",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Combines every rank's result of [`check_disagreement`] (indexed by rank): the common
 /// [`After`], or why the ranks failed or ended differently.
 pub fn same_everywhere(

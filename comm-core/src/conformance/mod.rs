@@ -44,7 +44,10 @@ use proptest::test_runner::{
 use crate::communicator::{Collective, Communicator};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Error;
-pub use after::{After, Disagreement, check_disagreement, check_late_rank, same_everywhere};
+pub use after::{
+    After, Disagreement, check_disagreement, check_disagreements_keep_usable, check_late_rank,
+    same_everywhere,
+};
 use agree::Agreement;
 use cases::Case;
 pub use memory::{HostMemory, TestBuffer, TestMemory};
