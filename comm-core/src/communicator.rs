@@ -61,6 +61,27 @@ impl fmt::Display for Collective {
     }
 }
 
+/// How an algorithm moves data, for cost models. Each backend declares its own in
+/// [`Capabilities`], so that a selector needs no table of backend names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TrafficPattern {
+    /// Barrier, then every rank reads the whole message from every peer.
+    OneShotPull,
+    /// Barrier, reduce one slice read from every peer, barrier, read the other slices.
+    TwoShotPull,
+    /// Every rank writes its message into every peer (sentinel-detected), no barrier.
+    OneShotPush,
+    /// Push slice `j` to rank `j`, which reduces and pushes the result back.
+    TwoShotPush,
+    /// A ring (NCCL, MPI): `2(n - 1)` steps over neighbour links.
+    Ring,
+    /// Ranks are threads meeting at a lock, reading each other's memory.
+    HostThreads,
+    /// Every rank gathers every rank's message through the bootstrap.
+    GatherAll,
+}
+
 /// What a backend can do. A call outside these gets [`Error::Unsupported`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -81,6 +102,10 @@ pub struct Capabilities {
     pub graph_capture_safe: bool,
     /// Named algorithms the backend can be asked for.
     pub algorithms: Vec<String>,
+    /// How the backend moves data when left to choose (`None`: unknown to cost models).
+    pub pattern: Option<TrafficPattern>,
+    /// How each named algorithm that has a known pattern moves data.
+    pub algorithm_patterns: Vec<(String, TrafficPattern)>,
 }
 
 impl Capabilities {
@@ -95,6 +120,8 @@ impl Capabilities {
             max_bytes: None,
             graph_capture_safe: false,
             algorithms: Vec::new(),
+            pattern: None,
+            algorithm_patterns: Vec::new(),
         }
     }
 
@@ -102,6 +129,30 @@ impl Capabilities {
     pub fn with_algorithms(mut self, algorithms: &[&str]) -> Self {
         self.algorithms = algorithms.iter().map(|a| a.to_string()).collect();
         self
+    }
+
+    /// Sets [`Self::pattern`].
+    pub fn with_pattern(mut self, pattern: TrafficPattern) -> Self {
+        self.pattern = Some(pattern);
+        self
+    }
+
+    /// Sets [`Self::algorithm_patterns`].
+    pub fn with_algorithm_patterns(mut self, patterns: &[(&str, TrafficPattern)]) -> Self {
+        self.algorithm_patterns = patterns.iter().map(|(a, p)| (a.to_string(), *p)).collect();
+        self
+    }
+
+    /// How `algorithm` (`None`: the backend's own choice) moves data, if declared.
+    pub fn pattern_of(&self, algorithm: Option<&str>) -> Option<TrafficPattern> {
+        match algorithm {
+            None => self.pattern,
+            Some(name) => self
+                .algorithm_patterns
+                .iter()
+                .find(|(a, _)| a == name)
+                .map(|(_, p)| *p),
+        }
     }
 
     /// Adds this backend's limits to a rank's verdict on its call: `Ok(call)` stays only if
@@ -207,8 +258,8 @@ pub trait Communicator: Send {
     /// Number of ranks.
     fn world_size(&self) -> usize;
 
-    /// What this backend can do.
-    fn capabilities(&self) -> Capabilities;
+    /// What this backend can do; computed once, borrowed on every call.
+    fn capabilities(&self) -> &Capabilities;
 
     /// Reduces `send` across ranks into `recv` (same length and dtype).
     fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()>;
@@ -217,14 +268,24 @@ pub trait Communicator: Send {
     fn all_reduce_in_place(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<()>;
 
     /// Gathers every rank's `send` into `recv` (`world_size * send.len()`), in rank order.
-    fn all_gather(&self, send: BufferRef<'_>, recv: BufferMut<'_>) -> Result<()>;
+    /// Optional: a backend without it leaves it out of [`Capabilities::collectives`].
+    fn all_gather(&self, send: BufferRef<'_>, recv: BufferMut<'_>) -> Result<()> {
+        let _ = (send, recv);
+        Err(not_implemented(self.name(), Collective::AllGather))
+    }
 
     /// Reduces `send` (`world_size * recv.len()` elements) across ranks; rank `r` receives
-    /// elements `r * recv.len() .. (r + 1) * recv.len()` of the result.
-    fn reduce_scatter(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()>;
+    /// elements `r * recv.len() .. (r + 1) * recv.len()` of the result. Optional.
+    fn reduce_scatter(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        let _ = (send, recv, op);
+        Err(not_implemented(self.name(), Collective::ReduceScatter))
+    }
 
-    /// Copies `buf` of rank `root` into `buf` of every other rank.
-    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<()>;
+    /// Copies `buf` of rank `root` into `buf` of every other rank. Optional.
+    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<()> {
+        let _ = (buf, root);
+        Err(not_implemented(self.name(), Collective::Broadcast))
+    }
 
     /// Returns once every rank has entered the barrier.
     fn barrier(&self) -> Result<()>;
@@ -241,6 +302,10 @@ pub trait Communicator: Send {
             ))),
         }
     }
+}
+
+fn not_implemented(backend: &str, collective: Collective) -> Error {
+    Error::Unsupported(format!("{backend}: {collective} is not implemented"))
 }
 
 /// Typed conveniences over any [`Communicator`], by blanket impl.
@@ -294,7 +359,7 @@ impl<C: Communicator + ?Sized> Communicator for Box<C> {
     fn world_size(&self) -> usize {
         (**self).world_size()
     }
-    fn capabilities(&self) -> Capabilities {
+    fn capabilities(&self) -> &Capabilities {
         (**self).capabilities()
     }
     fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {

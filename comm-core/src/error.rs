@@ -40,7 +40,8 @@ pub enum Error {
     #[error("communicator is unusable: {0}")]
     Aborted(String),
 
-    /// The bootstrap (rank discovery, byte exchange between processes) failed.
+    /// The bootstrap (rank discovery, byte exchange between processes) failed; fatal
+    /// ([`Error::is_fatal`]).
     #[error("bootstrap: {0}")]
     Bootstrap(String),
 
@@ -79,8 +80,13 @@ impl Error {
         }
     }
 
-    /// True when this error leaves the communicator unusable.
+    /// True when this error leaves the communicator unusable: its next call returns
+    /// [`Error::Aborted`]. A failed bootstrap counts: once a peer has gone or a message
+    /// was lost, the ranks no longer agree on where they are in the sequence of calls.
     pub fn is_fatal(&self) -> bool {
-        matches!(self, Error::Timeout { .. } | Error::Aborted(_))
+        matches!(
+            self,
+            Error::Timeout { .. } | Error::Aborted(_) | Error::Bootstrap(_)
+        )
     }
 }

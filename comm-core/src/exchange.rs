@@ -30,7 +30,8 @@ pub(crate) struct Exchange<T> {
 
 #[derive(Debug)]
 struct State<T> {
-    deposits: [Vec<Option<T>>; 2],
+    /// Each participant's value with the round it was deposited for.
+    deposits: [Vec<Option<(u64, T)>>; 2],
     arrived: [usize; 2],
     results: [Option<Arc<[T]>>; 2],
     aborted: Option<Abort>,
@@ -77,13 +78,29 @@ impl<T: Clone> Exchange<T> {
             if let Some(abort) = &state.aborted {
                 return Err(Error::Aborted(abort.why.clone()));
             }
-            state.deposits[set][me] = Some(value);
+            state.deposits[set][me] = Some((round, value));
             state.arrived[set] += 1;
             if state.arrived[set] == self.participants {
-                let all: Arc<[T]> = state.deposits[set]
+                let deposits: Vec<(u64, T)> = state.deposits[set]
                     .iter_mut()
                     .map(|v| v.take().unwrap())
                     .collect();
+                // A participant two rounds off shares this slot set: its value belongs to
+                // another call and must not be handed out as this one's.
+                if let Some(p) = deposits.iter().position(|(r, _)| *r != round) {
+                    let why = format!(
+                        "participants are out of step: {p} is at round {}, {me} at {round}",
+                        deposits[p].0
+                    );
+                    state.aborted = Some(Abort {
+                        why: why.clone(),
+                        timed_out: None,
+                    });
+                    drop(state);
+                    self.round_done.notify_all();
+                    return Err(Error::Aborted(why));
+                }
+                let all: Arc<[T]> = deposits.into_iter().map(|(_, v)| v).collect();
                 state.arrived[set] = 0;
                 state.results[set] = Some(all.clone());
                 self.completed.store(round + 1, Ordering::Release);
@@ -194,6 +211,25 @@ mod tests {
         for h in handles {
             h.join().unwrap();
         }
+    }
+
+    #[test]
+    fn participants_out_of_step_abort_instead_of_mixing_rounds() {
+        let ex = Exchange::<u8>::new(2);
+        let t = Duration::from_millis(50);
+        // Participant 1 skipped rounds 0 and 1: its round 2 lands in round 0's slot set.
+        let p0 = {
+            let ex = ex.clone();
+            std::thread::spawn(move || ex.exchange(0, 0, 1, Some(t * 20), "test"))
+        };
+        std::thread::sleep(t);
+        let late = ex.exchange(1, 2, 2, Some(t), "test").unwrap_err();
+        assert!(
+            matches!(late, Error::Aborted(ref m) if m.contains("out of step")),
+            "{late}"
+        );
+        let early = p0.join().unwrap().unwrap_err();
+        assert!(matches!(early, Error::Aborted(_)), "{early}");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use comm_core::conformance::ranks::{on_loopback, on_threads};
-use comm_core::conformance::{self, Config, Report};
+use comm_core::conformance::{self, After, Config, Disagreement, HostMemory, Report};
 use comm_core::{BootstrapComm, Communicator};
 
 fn check(reports: Vec<Result<Report, conformance::Failure>>, config: &Config) {
@@ -80,4 +80,59 @@ fn absent_rank_times_out_everywhere_else_over_tcp() {
     }) {
         assert!(waited.unwrap() < bound * 5);
     }
+}
+
+#[test]
+fn disagreeing_ranks_get_a_mismatch_and_stay_usable() {
+    let bound = Duration::from_secs(5);
+    for kind in Disagreement::ALL {
+        let threads = on_threads(3, bound, move |b| {
+            conformance::check_disagreement(&BootstrapComm::new(b), &HostMemory, kind, bound)
+        });
+        let tcp = on_loopback(3, bound, move |b| {
+            conformance::check_disagreement(&BootstrapComm::new(b), &HostMemory, kind, bound)
+        });
+        for results in [threads, tcp] {
+            assert_eq!(
+                conformance::same_everywhere(results),
+                Ok(After::Usable),
+                "{kind:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_late_rank_never_gets_stale_data() {
+    let bound = Duration::from_millis(200);
+    let check = move |comm: &dyn Communicator| {
+        conformance::check_late_rank(comm, &HostMemory, 1, bound * 3, bound * 5)
+    };
+    for r in on_threads(3, bound, move |b| check(&BootstrapComm::new(b))) {
+        r.unwrap();
+    }
+    for r in on_loopback(3, bound, move |b| check(&BootstrapComm::new(b))) {
+        r.unwrap();
+    }
+}
+
+#[test]
+fn one_bootstrap_serves_several_communicators_by_reference_and_by_arc() {
+    use comm_core::{Bootstrap, CommunicatorExt, ReduceOp};
+    use std::sync::Arc;
+    let sums = on_threads(2, LONG, |b| {
+        let shared = Arc::new(b);
+        let by_arc = BootstrapComm::new(shared.clone());
+        let by_ref = BootstrapComm::new(&*shared);
+        let mut x = [1.0f32; 4];
+        by_arc
+            .all_reduce_in_place_slice(&mut x, ReduceOp::Sum)
+            .unwrap();
+        by_ref
+            .all_reduce_in_place_slice(&mut x, ReduceOp::Sum)
+            .unwrap();
+        shared.barrier().unwrap();
+        x[0]
+    });
+    assert_eq!(sums, vec![4.0, 4.0]);
 }

@@ -30,7 +30,7 @@ impl Communicator for Faulty {
     fn world_size(&self) -> usize {
         self.inner.world_size()
     }
-    fn capabilities(&self) -> Capabilities {
+    fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
     }
     fn all_reduce(&self, send: BufferRef<'_>, mut recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use comm_core::conformance::{self, Config};
+use comm_core::conformance::{self, After, Config, Disagreement, HostMemory};
 use comm_core::{Communicator, LocalComm};
 
 fn run_group(world_size: usize, config: Config) {
@@ -91,6 +91,43 @@ fn the_doc_example_runs_through_trait_objects() {
                         ..Config::default()
                     },
                 )
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap().unwrap();
+    }
+}
+
+#[test]
+fn disagreeing_ranks_get_a_mismatch_and_stay_usable() {
+    let bound = Duration::from_secs(5);
+    for kind in Disagreement::ALL {
+        let handles: Vec<_> = LocalComm::with_timeout(3, bound)
+            .into_iter()
+            .map(|c| {
+                std::thread::spawn(move || {
+                    conformance::check_disagreement(&c, &HostMemory, kind, bound)
+                })
+            })
+            .collect();
+        let results = handles.into_iter().map(|h| h.join().unwrap());
+        assert_eq!(
+            conformance::same_everywhere(results),
+            Ok(After::Usable),
+            "{kind:?}"
+        );
+    }
+}
+
+#[test]
+fn a_late_rank_never_gets_stale_data() {
+    let bound = Duration::from_millis(200);
+    let handles: Vec<_> = LocalComm::with_timeout(3, bound)
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                conformance::check_late_rank(&c, &HostMemory, 1, bound * 3, bound * 5)
             })
         })
         .collect();

@@ -3,7 +3,7 @@
 
 use comm_core::conformance::mpirun;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use comm_core::conformance::{self, Config};
 use comm_core::{
@@ -85,6 +85,12 @@ fn body() {
         .all_reduce_in_place_slice(&mut bad, ReduceOp::Sum)
         .unwrap_err();
     assert!(matches!(err, Error::Mismatch(_)), "rank {me}: {err}");
+    conformance::check_disagreements_keep_usable(
+        &comm,
+        &conformance::HostMemory,
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|f| panic!("rank {me}: {f}"));
 
     // The conformance suite, as separate processes.
     let config = Config {

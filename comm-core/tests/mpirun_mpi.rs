@@ -230,6 +230,14 @@ fn body() {
     };
     conformance::run(&fast, &unchecked).unwrap_or_else(|f| panic!("rank {me}: {f}"));
 
+    // Ranks that disagree about a call (validated): Mismatch everywhere, still usable.
+    conformance::check_disagreements_keep_usable(
+        &comm,
+        &conformance::HostMemory,
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|f| panic!("rank {me}: {f}"));
+
     // A rank that skips a call: the others time out, then the communicator is aborted.
     let bound = Duration::from_millis(500);
     let mut short = MpiComm::new(&boot).unwrap();

@@ -73,3 +73,28 @@ fn conformance_of_every_algorithm_on_in_process_ranks() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a GPU"]
+fn disagreeing_ranks_get_a_mismatch_and_never_stale_data() {
+    use comm_core::conformance::{After, Disagreement};
+    let timeout = Duration::from_secs(2);
+    for algo in Algorithm::ALL {
+        for kind in Disagreement::ALL {
+            let results = on_threads(2, move |b| {
+                let config = IpcConfig {
+                    max_bytes: 2 << 20,
+                    algorithm: Some(algo),
+                    timeout: Some(timeout),
+                    ..IpcConfig::default()
+                };
+                let comm = IpcComm::new(b, 0, config).expect("ipc on device 0");
+                let memory = DeviceMemory::new(0).expect("device 0");
+                conformance::check_disagreement(&comm, &memory, kind, timeout * 4)
+            });
+            let after = conformance::same_everywhere(results)
+                .unwrap_or_else(|e| panic!("{algo} {kind:?}: {e}"));
+            assert_ne!(after, After::Skipped, "{algo} {kind:?}");
+        }
+    }
+}

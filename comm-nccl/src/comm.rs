@@ -1,6 +1,6 @@
 //! [`NcclComm`]: the [`Communicator`] over NCCL.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use comm_core::call::settle_through;
@@ -9,7 +9,7 @@ use comm_core::cuda::stream::wait_stream;
 use comm_core::cuda::{DeviceBuffer, driver_error, probe, raw_stream};
 use comm_core::{
     Bootstrap, BufferMut, BufferRef, CallDescriptor, Capabilities, Communicator, DType, Error,
-    MemoryLocation, RawStream, ReduceOp, Result,
+    MemoryLocation, RawStream, ReduceOp, Result, TrafficPattern,
 };
 
 use crate::probe::require_nccl;
@@ -45,6 +45,8 @@ pub struct NcclComm {
     /// Barriers run a one-element all-reduce here, apart from the caller's streams.
     barrier_stream: Arc<CudaStream>,
     barrier_buf: DeviceBuffer,
+    /// Computed on first use, then borrowed.
+    caps: OnceLock<Capabilities>,
 }
 
 impl std::fmt::Debug for NcclComm {
@@ -105,6 +107,7 @@ impl NcclComm {
             ctx,
             barrier_stream,
             barrier_buf,
+            caps: OnceLock::new(),
         })
     }
 
@@ -278,26 +281,19 @@ impl Communicator for NcclComm {
         self.world_size
     }
 
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::host_complete();
-        caps.dtypes = vec![
-            DType::F32,
-            DType::F64,
-            DType::F16,
-            DType::BF16,
-            DType::I32,
-            DType::I64,
-            DType::U8,
-        ];
-        caps.ops = ReduceOp::ALL.to_vec();
-        if self.world_size > 1 {
-            // See `nccl_op`: NCCL's average is not the workspace's across ranks.
-            caps.ops.retain(|op| *op != ReduceOp::Avg);
-        }
-        caps.host_memory = false;
-        caps.device_memory = true;
-        caps.graph_capture_safe = true;
-        caps
+    fn capabilities(&self) -> &Capabilities {
+        self.caps.get_or_init(|| {
+            // Every dtype and op, as on the host.
+            let mut caps = Capabilities::host_complete().with_pattern(TrafficPattern::Ring);
+            if self.world_size > 1 {
+                // See `nccl_op`: NCCL's average is not the workspace's across ranks.
+                caps.ops.retain(|op| *op != ReduceOp::Avg);
+            }
+            caps.host_memory = false;
+            caps.device_memory = true;
+            caps.graph_capture_safe = true;
+            caps
+        })
     }
 
     fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {

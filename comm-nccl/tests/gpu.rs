@@ -375,3 +375,31 @@ fn absent_rank_times_out_and_aborts(validate: bool) {
     // The aborted communicator and its buffers go last, after the stream is dead.
     std::mem::forget((comm, buf));
 }
+
+#[test]
+#[ignore = "needs 2 GPUs"]
+fn two_gpus_disagreeing_ranks_get_a_mismatch_and_never_stale_data() {
+    use comm_core::conformance::{After, Disagreement};
+    require_two_gpus();
+    let bound = Duration::from_secs(2);
+    for kind in Disagreement::ALL {
+        let handles: Vec<_> = two_gpu_group(bound)
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap())
+            .map(|(comm, memory)| {
+                std::thread::spawn(move || {
+                    let after = conformance::check_disagreement(&comm, &memory, kind, bound * 4);
+                    // A poisoned NCCL communicator may wait on its peer when destroyed.
+                    if !matches!(after, Ok(After::Usable)) {
+                        std::mem::forget((comm, memory));
+                    }
+                    after
+                })
+            })
+            .collect();
+        let results = handles.into_iter().map(|h| h.join().unwrap());
+        let after =
+            conformance::same_everywhere(results).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        assert_ne!(after, After::Skipped, "{kind:?}");
+    }
+}

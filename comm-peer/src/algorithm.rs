@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use comm_core::{Error, Result};
+use comm_core::{Error, Result, TrafficPattern};
 
 /// One all-reduce algorithm over peer memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -44,6 +44,16 @@ impl Algorithm {
     /// The name users and `comm-select` pass (`oneshot-pull`, ...).
     pub const fn name(self) -> &'static str {
         Self::NAMES[self as usize]
+    }
+
+    /// How it moves data, for cost models.
+    pub const fn pattern(self) -> TrafficPattern {
+        match self {
+            Algorithm::OneshotPull => TrafficPattern::OneShotPull,
+            Algorithm::TwoshotPull => TrafficPattern::TwoShotPull,
+            Algorithm::OneshotPush => TrafficPattern::OneShotPush,
+            Algorithm::TwoshotPush => TrafficPattern::TwoShotPush,
+        }
     }
 
     /// The kernel-name stem (`oneshot_pull`, ...).

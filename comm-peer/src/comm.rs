@@ -351,7 +351,10 @@ fn prepare(device: usize, world: usize, config: &PeerConfig) -> Result<(Ready, u
 }
 
 fn capabilities(config: &PeerConfig) -> Capabilities {
-    let mut caps = Capabilities::host_complete().with_algorithms(&Algorithm::NAMES);
+    let patterns = Algorithm::ALL.map(|a| (a.name(), a.pattern()));
+    let mut caps = Capabilities::host_complete()
+        .with_algorithms(&Algorithm::NAMES)
+        .with_algorithm_patterns(&patterns);
     caps.collectives = vec![
         Collective::AllReduce,
         Collective::AllGather,

@@ -18,8 +18,8 @@ impl Communicator for PeerComm {
         self.group.world_size()
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.capabilities.clone()
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
     }
 
     fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
@@ -72,7 +72,7 @@ macro_rules! forward_communicator {
                 $crate::__core::Communicator::world_size($inner)
             }
 
-            fn capabilities(&self) -> $crate::__core::Capabilities {
+            fn capabilities(&self) -> &$crate::__core::Capabilities {
                 let $s = self;
                 $crate::__core::Communicator::capabilities($inner)
             }

@@ -1,6 +1,7 @@
 //! A cost model: predicted time of a collective per (backend, algorithm, world, bytes).
 //!
-//! Every algorithm is one of a few data-movement [`Pattern`]s. A pattern costs a fixed
+//! Every algorithm is one of a few data-movement [`TrafficPattern`]s, which each backend
+//! declares for itself and each of its algorithms. A pattern costs a fixed
 //! launch, some barriers, and transfers. A transfer is limited by the slower of two
 //! things: each rank's own link (bytes it moves / its link bandwidth), and, on PCIe, the
 //! switch all ranks share (bytes all ranks move / the switch's bandwidth). Remote *reads*
@@ -17,39 +18,9 @@
 use crate::topology::{Fabric, Topology};
 use comm_core::Collective;
 
-/// How an algorithm moves data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pattern {
-    /// Barrier, then every rank reads the whole message from every peer.
-    OneShotPull,
-    /// Barrier, reduce one slice read from every peer, barrier, read the other slices.
-    TwoShotPull,
-    /// Every rank writes its message into every peer (sentinel-detected), no barrier.
-    OneShotPush,
-    /// Push slice `j` to rank `j`, which reduces and pushes the result back.
-    TwoShotPush,
-    /// NCCL's ring: `2(n - 1)` steps over neighbour links.
-    Ring,
-    /// A host backend whose ranks are threads meeting at a lock (LocalComm).
-    HostThreads,
-    /// Every rank gathers every rank's message through a TCP store (BootstrapComm).
-    GatherAll,
-}
-
-/// Which pattern a backend's algorithm follows; `None` when the model does not know it.
-pub fn pattern(backend: &str, algorithm: Option<&str>) -> Option<Pattern> {
-    use Pattern::*;
-    match (backend, algorithm) {
-        ("nccl", _) | ("mpi", _) => Some(Ring),
-        ("ipc" | "symm", Some("oneshot-pull")) | ("symm", Some("oneshot")) => Some(OneShotPull),
-        ("ipc" | "symm", Some("twoshot-pull")) | ("symm", Some("twoshot")) => Some(TwoShotPull),
-        ("ipc" | "symm", Some("oneshot-push")) | ("symm", Some("lamport")) => Some(OneShotPush),
-        ("ipc" | "symm", Some("twoshot-push")) => Some(TwoShotPush),
-        ("local", None) => Some(HostThreads),
-        ("bootstrap", None) => Some(GatherAll),
-        _ => None,
-    }
-}
+/// How an algorithm moves data: declared by each backend in its
+/// [`Capabilities`](comm_core::Capabilities), so that the model needs no backend names.
+pub use comm_core::TrafficPattern;
 
 /// The parameters of one fabric. Bandwidths in GB/s (1e9 bytes/s), times in µs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -186,15 +157,10 @@ impl CostModel {
         self.fabric
     }
 
-    /// Predicted µs of an all-reduce of `bytes` per rank, or `None` when the model does not
-    /// know the algorithm or it cannot run on this fabric (peer memory across nodes).
-    pub fn all_reduce_us(
-        &self,
-        backend: &str,
-        algorithm: Option<&str>,
-        bytes: usize,
-    ) -> Option<f64> {
-        self.predict(pattern(backend, algorithm)?, bytes)
+    /// Predicted µs of an all-reduce of `bytes` per rank moved as `pattern`, or `None` when
+    /// it cannot run on this fabric (peer memory across nodes).
+    pub fn all_reduce_us(&self, pattern: TrafficPattern, bytes: usize) -> Option<f64> {
+        self.predict(pattern, bytes)
     }
 
     /// Predicted µs of `collective` (all-reduce is modelled in detail; the others by the
@@ -202,11 +168,9 @@ impl CostModel {
     pub fn predict_collective(
         &self,
         collective: Collective,
-        backend: &str,
-        algorithm: Option<&str>,
+        pattern: TrafficPattern,
         bytes: usize,
     ) -> Option<f64> {
-        let pattern = pattern(backend, algorithm)?;
         match collective {
             Collective::AllReduce => self.predict(pattern, bytes),
             // Half the traffic of an all-reduce of the same size.
@@ -219,21 +183,21 @@ impl CostModel {
         }
     }
 
-    fn predict(&self, pattern: Pattern, bytes: usize) -> Option<f64> {
+    fn predict(&self, pattern: TrafficPattern, bytes: usize) -> Option<f64> {
         let p = &self.params;
         let n = self.world as f64;
         let s = bytes as f64;
         if self.world <= 1 {
             return Some(match pattern {
-                Pattern::Ring => p.ring_launch_us,
-                Pattern::GatherAll => 30.0,
+                TrafficPattern::Ring => p.ring_launch_us,
+                TrafficPattern::GatherAll => 30.0,
                 _ => p.launch_us,
             });
         }
         let peer_memory = !matches!(self.fabric, Fabric::MultiNode);
         let ranks = self.world;
         Some(match pattern {
-            Pattern::OneShotPull if peer_memory => {
+            TrafficPattern::OneShotPull if peer_memory => {
                 p.launch_us
                     + p.barrier_us
                     + self.transfer(
@@ -242,7 +206,7 @@ impl CostModel {
                         Access::Read { concurrent: ranks },
                     )
             }
-            Pattern::TwoShotPull if peer_memory => {
+            TrafficPattern::TwoShotPull if peer_memory => {
                 let per_rank = 2.0 * (n - 1.0) / n * s;
                 p.launch_us
                     + 2.0 * p.barrier_us
@@ -252,21 +216,21 @@ impl CostModel {
                         Access::Read { concurrent: ranks },
                     )
             }
-            Pattern::OneShotPush if peer_memory => {
+            TrafficPattern::OneShotPush if peer_memory => {
                 p.launch_us + self.transfer((n - 1.0) * s, n * (n - 1.0) * s, Access::Write)
             }
-            Pattern::TwoShotPush if peer_memory => {
+            TrafficPattern::TwoShotPush if peer_memory => {
                 let half = self.transfer((n - 1.0) / n * s, (n - 1.0) * s, Access::Write);
                 p.launch_us + p.barrier_us + 2.0 * half
             }
-            Pattern::Ring => {
+            TrafficPattern::Ring => {
                 let steps = 2.0 * (n - 1.0);
                 p.ring_launch_us
                     + steps * p.ring_step_us
                     + steps / n * s / (p.write_gbps * p.ring_efficiency * 1e3)
             }
-            Pattern::HostThreads => 2.0 + 2.0 * 3.0 + s / (p.write_gbps * 1e3),
-            Pattern::GatherAll => 30.0 * n + n * s / (1.0 * 1e3),
+            TrafficPattern::HostThreads => 2.0 + 2.0 * 3.0 + s / (p.write_gbps * 1e3),
+            TrafficPattern::GatherAll => 30.0 * n + n * s / (1.0 * 1e3),
             _ => return None,
         })
     }
@@ -297,62 +261,51 @@ mod tests {
     const KB42: usize = 3 * 7168 * 2;
     const MB256: usize = 256 << 20;
 
-    fn us(model: &CostModel, backend: &str, algorithm: Option<&str>, bytes: usize) -> f64 {
-        model.all_reduce_us(backend, algorithm, bytes).unwrap()
+    use TrafficPattern::*;
+
+    fn us(model: &CostModel, pattern: TrafficPattern, bytes: usize) -> f64 {
+        model.all_reduce_us(pattern, bytes).unwrap()
     }
 
     #[test]
     fn seeds_pcie_one_shot_pull_loses_to_nccl_but_push_and_two_shot_win() {
         let model = CostModel::new(&Topology::uniform(8, Link::pcie(PciePath::Pxb)));
-        let nccl = us(&model, "nccl", None, KB42);
+        let nccl = us(&model, Ring, KB42);
         assert!(
             (150.0..260.0).contains(&nccl),
             "NCCL at 42 KB on 8 PCIe GPUs: {nccl} us"
         );
-        let pull = us(&model, "ipc", Some("oneshot-pull"), KB42);
+        let pull = us(&model, OneShotPull, KB42);
         assert!(pull > 1.5 * nccl, "one-shot pull {pull} vs NCCL {nccl}");
-        for algorithm in ["oneshot-push", "twoshot-push", "twoshot-pull"] {
-            let t = us(&model, "ipc", Some(algorithm), KB42);
-            assert!(t < nccl, "{algorithm}: {t} us vs NCCL {nccl} us");
+        for pattern in [OneShotPush, TwoShotPush, TwoShotPull] {
+            let t = us(&model, pattern, KB42);
+            assert!(t < nccl, "{pattern:?}: {t} us vs NCCL {nccl} us");
         }
     }
 
     #[test]
     fn nvlink_one_shot_wins_small_and_nccl_wins_large() {
         let model = CostModel::new(&Topology::uniform(8, Link::nvlink(18)));
-        let algorithms = [
-            "oneshot-pull",
-            "twoshot-pull",
-            "oneshot-push",
-            "twoshot-push",
-        ];
+        let patterns = [OneShotPull, TwoShotPull, OneShotPush, TwoShotPush];
         let best_ipc = |bytes| {
-            algorithms
+            patterns
                 .iter()
-                .map(|a| (us(&model, "ipc", Some(a), bytes), *a))
+                .map(|p| (us(&model, *p, bytes), *p))
                 .min_by(|a, b| a.0.total_cmp(&b.0))
                 .unwrap()
         };
         let (small, which) = best_ipc(KB42);
-        assert!(which.starts_with("oneshot"), "{which}");
+        assert!(matches!(which, OneShotPull | OneShotPush), "{which:?}");
         assert!(small <= 5.0, "one-shot at 42 KB: {small} us");
-        assert!(small < us(&model, "nccl", None, KB42) / 3.0);
+        assert!(small < us(&model, Ring, KB42) / 3.0);
         let (large, _) = best_ipc(MB256);
-        assert!(
-            us(&model, "nccl", None, MB256) < large,
-            "NCCL must win at 256 MiB"
-        );
+        assert!(us(&model, Ring, MB256) < large, "NCCL must win at 256 MiB");
     }
 
     #[test]
     fn peer_memory_patterns_do_not_cross_nodes() {
         let model = CostModel::new(&Topology::uniform(4, Link::REMOTE));
-        assert!(
-            model
-                .all_reduce_us("ipc", Some("oneshot-pull"), 1024)
-                .is_none()
-        );
-        assert!(model.all_reduce_us("nccl", None, 1024).is_some());
-        assert!(model.all_reduce_us("unknown", None, 1024).is_none());
+        assert!(model.all_reduce_us(OneShotPull, 1024).is_none());
+        assert!(model.all_reduce_us(Ring, 1024).is_some());
     }
 }

@@ -12,16 +12,22 @@
 //!   the model;
 //! - [`SelectComm`]: a [`comm_core::Communicator`] over several backends that routes each
 //!   call (forced choice > tuning table > cost model > first capable backend), makes the
-//!   same choice on every rank, and [`explains`](SelectComm::explain) it.
+//!   same choice on every rank, and [`explains`](SelectComm::explain) it;
+//! - [`auto`]: the factory that starts every backend of the build (features `nccl`, `ipc`,
+//!   `symm`, `cuda`) that starts on every rank, probes the topology and builds the selector.
 
 #![warn(missing_docs)]
 
+mod auto;
+mod backend;
 pub mod cost;
 mod probe;
 mod select;
 pub mod topology;
 pub mod tuning;
 
+pub use auto::{Auto, Registered, agreed_device, auto, find, registry};
+pub use backend::{BackendId, Memory};
 pub use cost::CostModel;
 pub use probe::probe;
 pub use select::{CallInfo, Choice, SelectComm, SelectOptions, Source};

@@ -8,17 +8,27 @@
 //! falls back to the next one. Every rank makes the same choice: the choice depends only on
 //! the call and on state every rank shares (the backends, and rank 0's topology, tuning
 //! table and forced choice, broadcast at construction).
+//!
+//! Ranks route their calls alone, so ranks that disagree about a call can land in
+//! different members and wait there for each other until a member gives up. The fast path
+//! pays nothing for that case; once a member call fails, the ranks exchange what they
+//! called through the bootstrap (a bounded wait) and every rank reports
+//! [`Error::Mismatch`] naming the calls, or the member's own error. A failure that may
+//! have left any member out of step poisons the selector on every rank: later calls
+//! return [`Error::Aborted`], so no member can hand out a peer's contribution to the
+//! abandoned call as a later call's.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fmt;
 
 use comm_core::{
-    Bootstrap, BufferMut, BufferRef, Capabilities, Collective, Communicator, DType, Error,
-    MemoryLocation, ReduceOp, Result,
+    Bootstrap, BufferMut, BufferRef, CallDescriptor, Capabilities, Collective, Communicator, DType,
+    Error, MemoryLocation, ReduceOp, Result,
 };
 use serde::{Deserialize, Serialize};
 
+use crate::backend::Memory;
 use crate::cost::CostModel;
 use crate::topology::{Link, Topology};
 use crate::tuning::TuningTable;
@@ -140,8 +150,25 @@ fn label(backend: &str, algorithm: Option<&str>) -> String {
 struct Backend {
     comm: Box<dyn Communicator>,
     caps: Capabilities,
-    /// The algorithm last set on it, to skip redundant `set_algorithm` calls.
-    current: RefCell<Option<String>>,
+    /// Index in `caps.algorithms` of the algorithm last set on it (`None`: its own
+    /// choice), to skip redundant `set_algorithm` calls.
+    current: Cell<Option<usize>>,
+}
+
+/// Where a call goes: a member and an index in its algorithms. Cached per [`CallInfo`],
+/// so routing a call allocates nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Route {
+    member: usize,
+    algorithm: Option<usize>,
+}
+
+/// The call a rank made last, for the diagnosis after a failure.
+#[derive(Debug, Clone, Copy)]
+struct LastCall {
+    number: u64,
+    call: CallDescriptor,
+    member: Option<usize>,
 }
 
 /// A [`Communicator`] over several backends that picks one per call.
@@ -149,11 +176,15 @@ pub struct SelectComm {
     rank: usize,
     world: usize,
     backends: Vec<Backend>,
+    caps: Capabilities,
     topology: Topology,
     model: CostModel,
     tuning: Option<TuningTable>,
     forced: Option<(String, Option<String>)>,
-    cache: RefCell<HashMap<CallInfo, Choice>>,
+    routes: RefCell<HashMap<CallInfo, Route>>,
+    bootstrap: Box<dyn Bootstrap>,
+    calls: Cell<u64>,
+    poisoned: RefCell<Option<String>>,
 }
 
 impl fmt::Debug for SelectComm {
@@ -170,9 +201,11 @@ impl fmt::Debug for SelectComm {
 
 impl SelectComm {
     /// Collective: builds the selector over `backends` (same names, same order on every
-    /// rank). Rank 0's `options` are broadcast and used by every rank.
+    /// rank). Rank 0's `options` are broadcast and used by every rank. The selector keeps
+    /// `bootstrap` (pass an `Arc` or a reference to share it) and uses it only after a
+    /// failed call, to tell a mismatch from a slow peer.
     pub fn new(
-        bootstrap: &dyn Bootstrap,
+        bootstrap: impl Bootstrap + 'static,
         backends: Vec<Box<dyn Communicator>>,
         options: SelectOptions,
     ) -> Result<Self> {
@@ -220,22 +253,27 @@ impl SelectComm {
             Some((b, a)) => (b.to_string(), Some(a.to_string())),
             None => (f, None),
         });
+        let backends: Vec<Backend> = backends
+            .into_iter()
+            .map(|comm| Backend {
+                caps: comm.capabilities().clone(),
+                comm,
+                current: Cell::new(None),
+            })
+            .collect();
         Ok(SelectComm {
             rank,
             world,
+            caps: union(&backends),
+            backends,
             model: CostModel::new(&topology),
             topology,
             tuning: options.tuning,
             forced,
-            cache: RefCell::new(HashMap::new()),
-            backends: backends
-                .into_iter()
-                .map(|comm| Backend {
-                    caps: comm.capabilities(),
-                    comm,
-                    current: RefCell::new(None),
-                })
-                .collect(),
+            routes: RefCell::new(HashMap::new()),
+            bootstrap: Box::new(bootstrap),
+            calls: Cell::new(0),
+            poisoned: RefCell::new(None),
         })
     }
 
@@ -254,12 +292,7 @@ impl SelectComm {
 
     /// The backend chosen for `call`, and why.
     pub fn choose(&self, call: &CallInfo) -> Result<Choice> {
-        if let Some(hit) = self.cache.borrow().get(call) {
-            return Ok(hit.clone());
-        }
-        let choice = self.decide(call)?;
-        self.cache.borrow_mut().insert(*call, choice.clone());
-        Ok(choice)
+        self.decide(call)
     }
 
     /// A readable account of the choice for `call`, with the alternatives considered.
@@ -281,12 +314,10 @@ impl SelectComm {
             .into_iter()
             .filter_map(|(i, a)| {
                 let name = self.backends[i].comm.name();
-                let t = self.model.predict_collective(
-                    call.collective,
-                    name,
-                    a.as_deref(),
-                    call.bytes,
-                )?;
+                let pattern = self.backends[i].caps.pattern_of(a.as_deref())?;
+                let t = self
+                    .model
+                    .predict_collective(call.collective, pattern, call.bytes)?;
                 Some(format!("{} {t:.1} us", label(name, a.as_deref())))
             })
             .collect();
@@ -299,6 +330,20 @@ impl SelectComm {
     /// Every (backend, algorithm) that can do `call`: each backend's own choice (`None`)
     /// and each of its named algorithms except `auto`.
     fn candidates(&self, call: &CallInfo) -> Vec<(usize, Option<String>)> {
+        self.routes_for(call)
+            .into_iter()
+            .map(|r| (r.member, self.algorithm_name(r).map(String::from)))
+            .collect()
+    }
+
+    fn algorithm_name(&self, route: Route) -> Option<&str> {
+        route
+            .algorithm
+            .map(|a| self.backends[route.member].caps.algorithms[a].as_str())
+    }
+
+    /// [`Self::candidates`] as routes.
+    fn routes_for(&self, call: &CallInfo) -> Vec<Route> {
         let mut out = Vec::new();
         for (i, b) in self.backends.iter().enumerate() {
             let ok = b
@@ -315,14 +360,18 @@ impl SelectComm {
             if !ok {
                 continue;
             }
-            out.push((i, None));
+            out.push(Route {
+                member: i,
+                algorithm: None,
+            });
             if call.collective == Collective::AllReduce {
                 out.extend(
-                    b.caps
-                        .algorithms
-                        .iter()
-                        .filter(|a| *a != "auto")
-                        .map(|a| (i, Some(a.clone()))),
+                    (0..b.caps.algorithms.len())
+                        .filter(|&a| b.caps.algorithms[a] != "auto")
+                        .map(|a| Route {
+                            member: i,
+                            algorithm: Some(a),
+                        }),
                 );
             }
         }
@@ -374,7 +423,12 @@ impl SelectComm {
                     .iter()
                     .any(|(i, ca)| name(*i) == b && ca.as_deref() == a)
             };
-            if let Some(t) = table.best(call.collective, call.dtype, call.bytes, accept) {
+            let memory = if call.device {
+                Memory::Device
+            } else {
+                Memory::Host
+            };
+            if let Some(t) = table.best(call.collective, call.dtype, call.bytes, memory, accept) {
                 let hit = candidates
                     .iter()
                     .find(|(i, a)| name(*i) == t.backend && *a == t.algorithm)
@@ -391,12 +445,10 @@ impl SelectComm {
         let predicted = candidates
             .iter()
             .filter_map(|(i, a)| {
-                let t = self.model.predict_collective(
-                    call.collective,
-                    &name(*i),
-                    a.as_deref(),
-                    call.bytes,
-                )?;
+                let pattern = self.backends[*i].caps.pattern_of(a.as_deref())?;
+                let t = self
+                    .model
+                    .predict_collective(call.collective, pattern, call.bytes)?;
                 Some(((*i, a.clone()), t))
             })
             .min_by(|x, y| x.1.total_cmp(&y.1));
@@ -411,31 +463,238 @@ impl SelectComm {
         Ok(make(first, Source::Default, notes.join("; ")))
     }
 
-    fn route(&self, call: CallInfo) -> Result<&dyn Communicator> {
-        let choice = self.choose(&call)?;
-        let backend = &self.backends[choice.index];
-        if call.collective == Collective::AllReduce && *backend.current.borrow() != choice.algorithm
-        {
-            backend.comm.set_algorithm(choice.algorithm.as_deref())?;
-            *backend.current.borrow_mut() = choice.algorithm.clone();
+    /// The member for `call` with its algorithm set; decided once per kind of call.
+    fn route(&self, call: CallInfo) -> Result<(usize, &dyn Communicator)> {
+        let cached = self.routes.borrow().get(&call).copied();
+        let route = match cached {
+            Some(route) => route,
+            None => {
+                let choice = self.decide(&call)?;
+                let route = Route {
+                    member: choice.index,
+                    algorithm: choice.algorithm.as_ref().map(|name| {
+                        self.backends[choice.index]
+                            .caps
+                            .algorithms
+                            .iter()
+                            .position(|a| a == name)
+                            .expect("a chosen algorithm is the backend's")
+                    }),
+                };
+                self.routes.borrow_mut().insert(call, route);
+                route
+            }
+        };
+        let backend = &self.backends[route.member];
+        if call.collective == Collective::AllReduce && backend.current.get() != route.algorithm {
+            backend.comm.set_algorithm(self.algorithm_name(route))?;
+            backend.current.set(route.algorithm);
         }
-        Ok(&*backend.comm)
+        Ok((route.member, &*backend.comm))
+    }
+
+    /// Runs `call` on its member; after a failure, settles with the peers what it was.
+    fn dispatch(
+        &self,
+        call: CallDescriptor,
+        location: MemoryLocation,
+        run: impl FnOnce(&dyn Communicator) -> Result<()>,
+    ) -> Result<()> {
+        if let Some(why) = &*self.poisoned.borrow() {
+            return Err(Error::Aborted(why.clone()));
+        }
+        let number = self.calls.get();
+        self.calls.set(number + 1);
+        let info = CallInfo {
+            collective: call.collective,
+            dtype: call.dtype,
+            op: call.op,
+            bytes: call.send_bytes(),
+            device: !location.is_host(),
+        };
+        let (member, result) = match self.route(info) {
+            Ok((member, comm)) => (Some(member), run(comm)),
+            Err(e) => (None, Err(e)),
+        };
+        match result {
+            Ok(()) => Ok(()),
+            // The member settled the call with every peer: all of them got an error, and
+            // it is still in step.
+            Err(e) if member.is_some() && !leaves_out_of_step(&e) => Err(e),
+            Err(e) => Err(self.diagnose(
+                LastCall {
+                    number,
+                    call,
+                    member,
+                },
+                e,
+            )),
+        }
+    }
+
+    /// After a failed call: every rank says what it called and whether its member may be
+    /// out of step; ranks that disagree all get [`Error::Mismatch`], and a possibly
+    /// out-of-step member anywhere poisons the selector everywhere.
+    fn diagnose(&self, mine: LastCall, error: Error) -> Error {
+        let fatal = leaves_out_of_step(&error);
+        let gathered = self.bootstrap.all_gather_bytes(&encode_last(&mine, fatal));
+        let all = match gathered.map(|all| all.iter().map(|b| decode_last(b)).collect()) {
+            Ok(Some(all)) => all,
+            Ok(None) => {
+                return self.poison(Error::Aborted(format!(
+                    "ranks are out of step after call {} failed ({error})",
+                    mine.number
+                )));
+            }
+            Err(e) => {
+                self.poison_quietly(format!(
+                    "call {} failed ({error}); asking the peers why failed too: {e}",
+                    mine.number
+                ));
+                return error;
+            }
+        };
+        let all: Vec<(LastCall, bool)> = all;
+        let any_fatal = all.iter().any(|(_, f)| *f);
+        if all.iter().any(|(c, _)| c.number != mine.number) {
+            let numbers: Vec<String> = all
+                .iter()
+                .enumerate()
+                .map(|(r, (c, _))| format!("rank {r} at call {}", c.number))
+                .collect();
+            return self.poison(Error::Aborted(format!(
+                "ranks are out of step: {}",
+                numbers.join(", ")
+            )));
+        }
+        let result = if all.iter().any(|(c, _)| c.call != mine.call) {
+            Error::Mismatch(self.describe_calls(&all))
+        } else {
+            error
+        };
+        if any_fatal || fatal {
+            self.poison_quietly(format!("call {} failed: {result}", mine.number));
+        }
+        result
+    }
+
+    /// `rank 0: all_gather of 8 x f32 on symm; ranks 1, 2: all_reduce of 8 x i32 (sum) on local`.
+    fn describe_calls(&self, all: &[(LastCall, bool)]) -> String {
+        let mut groups: Vec<(LastCall, Vec<usize>)> = Vec::new();
+        for (rank, (c, _)) in all.iter().enumerate() {
+            match groups.iter_mut().find(|(g, _)| g.call == c.call) {
+                Some((_, ranks)) => ranks.push(rank),
+                None => groups.push((*c, vec![rank])),
+            }
+        }
+        let parts: Vec<String> = groups
+            .iter()
+            .map(|(c, ranks)| {
+                let who: Vec<String> = ranks.iter().map(usize::to_string).collect();
+                let on = match c.member {
+                    Some(m) => format!(" on {}", self.backends[m].comm.name()),
+                    None => " (no backend)".to_string(),
+                };
+                format!(
+                    "rank{} {}: {}{on}",
+                    if ranks.len() > 1 { "s" } else { "" },
+                    who.join(", "),
+                    c.call
+                )
+            })
+            .collect();
+        format!("call {}: {}", all[0].0.number, parts.join("; "))
+    }
+
+    fn poison(&self, error: Error) -> Error {
+        self.poison_quietly(error.to_string());
+        error
+    }
+
+    fn poison_quietly(&self, why: String) {
+        self.poisoned.borrow_mut().get_or_insert(why);
     }
 }
 
-fn info(
+/// True for errors after which a member may be out of step with its peers.
+fn leaves_out_of_step(e: &Error) -> bool {
+    e.is_fatal() || matches!(e, Error::Backend { .. })
+}
+
+/// Marks a diagnosis message, so that a peer still inside a member that moves data
+/// through the same bootstrap cannot take it for its own (nor the other way round).
+const DIAGNOSIS: u8 = 0xd1;
+
+fn encode_last(last: &LastCall, fatal: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(27);
+    out.push(DIAGNOSIS);
+    out.extend_from_slice(&last.number.to_le_bytes());
+    out.extend_from_slice(&last.call.to_bytes());
+    out.push(last.member.map_or(u8::MAX, |m| m as u8));
+    out.push(u8::from(fatal));
+    out
+}
+
+fn decode_last(bytes: &[u8]) -> Option<(LastCall, bool)> {
+    if bytes.len() != 27 || bytes[0] != DIAGNOSIS {
+        return None;
+    }
+    let number = u64::from_le_bytes(bytes[1..9].try_into().ok()?);
+    let call = CallDescriptor::from_bytes(&bytes[9..25]).ok()?;
+    let member = (bytes[25] != u8::MAX).then_some(bytes[25] as usize);
+    Some((
+        LastCall {
+            number,
+            call,
+            member,
+        },
+        bytes[26] != 0,
+    ))
+}
+
+/// The union of the members' capabilities.
+fn union(backends: &[Backend]) -> Capabilities {
+    let mut caps = backends[0].caps.clone();
+    for b in &backends[1..] {
+        let c = &b.caps;
+        for x in &c.collectives {
+            if !caps.collectives.contains(x) {
+                caps.collectives.push(*x);
+            }
+        }
+        for x in &c.dtypes {
+            if !caps.dtypes.contains(x) {
+                caps.dtypes.push(*x);
+            }
+        }
+        for x in &c.ops {
+            if !caps.ops.contains(x) {
+                caps.ops.push(*x);
+            }
+        }
+        caps.host_memory |= c.host_memory;
+        caps.device_memory |= c.device_memory;
+        caps.max_bytes = caps.max_bytes.zip(c.max_bytes).map(|(a, b)| a.max(b));
+        caps.graph_capture_safe &= c.graph_capture_safe;
+    }
+    caps.algorithms = Vec::new();
+    caps
+}
+
+/// What a call is, without validating it: the member validates it.
+fn describe(
     collective: Collective,
     dtype: DType,
+    count: usize,
     op: Option<ReduceOp>,
-    bytes: usize,
-    location: MemoryLocation,
-) -> CallInfo {
-    CallInfo {
+    root: Option<usize>,
+) -> CallDescriptor {
+    CallDescriptor {
         collective,
         dtype,
+        count: count as u64,
         op,
-        bytes,
-        device: !location.is_host(),
+        root: root.map(|r| r as u32),
     }
 }
 
@@ -453,97 +712,62 @@ impl Communicator for SelectComm {
     }
 
     /// The union of the backends' capabilities.
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = self.backends[0].caps.clone();
-        for b in &self.backends[1..] {
-            let c = &b.caps;
-            for x in &c.collectives {
-                if !caps.collectives.contains(x) {
-                    caps.collectives.push(*x);
-                }
-            }
-            for x in &c.dtypes {
-                if !caps.dtypes.contains(x) {
-                    caps.dtypes.push(*x);
-                }
-            }
-            for x in &c.ops {
-                if !caps.ops.contains(x) {
-                    caps.ops.push(*x);
-                }
-            }
-            caps.host_memory |= c.host_memory;
-            caps.device_memory |= c.device_memory;
-            caps.max_bytes = caps.max_bytes.zip(c.max_bytes).map(|(a, b)| a.max(b));
-            caps.graph_capture_safe &= c.graph_capture_safe;
-        }
-        caps.algorithms = Vec::new();
-        caps
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
     }
 
     fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        let call = info(
+        let call = describe(
             Collective::AllReduce,
             send.dtype(),
+            send.len(),
             Some(op),
-            send.bytes(),
-            send.location(),
+            None,
         );
-        self.route(call)?.all_reduce(send, recv, op)
+        self.dispatch(call, send.location(), |c| c.all_reduce(send, recv, op))
     }
 
     fn all_reduce_in_place(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        let call = info(
+        let call = describe(
             Collective::AllReduce,
             buf.dtype(),
+            buf.len(),
             Some(op),
-            buf.bytes(),
-            buf.location(),
+            None,
         );
-        self.route(call)?.all_reduce_in_place(buf, op)
+        self.dispatch(call, buf.location(), |c| c.all_reduce_in_place(buf, op))
     }
 
     fn all_gather(&self, send: BufferRef<'_>, recv: BufferMut<'_>) -> Result<()> {
-        let call = info(
-            Collective::AllGather,
-            send.dtype(),
-            None,
-            send.bytes(),
-            send.location(),
-        );
-        self.route(call)?.all_gather(send, recv)
+        let call = describe(Collective::AllGather, send.dtype(), send.len(), None, None);
+        self.dispatch(call, send.location(), |c| c.all_gather(send, recv))
     }
 
     fn reduce_scatter(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        let call = info(
+        let call = describe(
             Collective::ReduceScatter,
             send.dtype(),
+            send.len(),
             Some(op),
-            send.bytes(),
-            send.location(),
+            None,
         );
-        self.route(call)?.reduce_scatter(send, recv, op)
+        self.dispatch(call, send.location(), |c| c.reduce_scatter(send, recv, op))
     }
 
     fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<()> {
-        let call = info(
+        let call = describe(
             Collective::Broadcast,
             buf.dtype(),
+            buf.len(),
             None,
-            buf.bytes(),
-            buf.location(),
+            Some(root),
         );
-        self.route(call)?.broadcast(buf, root)
+        self.dispatch(call, buf.location(), |c| c.broadcast(buf, root))
     }
 
     fn barrier(&self) -> Result<()> {
-        let call = info(
-            Collective::Barrier,
-            DType::U8,
-            None,
-            0,
-            MemoryLocation::Host,
-        );
-        self.route(call)?.barrier()
+        self.dispatch(CallDescriptor::barrier(), MemoryLocation::Host, |c| {
+            c.barrier()
+        })
     }
 }

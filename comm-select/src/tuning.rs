@@ -4,11 +4,13 @@
 //! `allreduce-perf --tune FILE` writes one (JSON, documented in the README):
 //!
 //! ```json
-//! { "version": 1, "world_size": 8, "fabric": "nvlink", "note": "...",
+//! { "version": 2, "world_size": 8, "fabric": "nvlink", "note": "...",
 //!   "measurements": [
-//!     { "collective": "all_reduce", "dtype": "bf16", "bytes": 43008,
+//!     { "collective": "all_reduce", "dtype": "bf16", "bytes": 43008, "memory": "device",
 //!       "backend": "ipc", "algorithm": "oneshot-push", "time_us": 4.1 } ] }
 //! ```
+//!
+//! Version 1 tables (no `memory`) still load; their measurements apply to either memory.
 //!
 //! A lookup takes the measured size nearest to the call's (in log scale) and, among the
 //! candidates the caller accepts, the fastest measured there.
@@ -18,8 +20,10 @@ use std::path::Path;
 use comm_core::{Collective, DType, Error, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::backend::Memory;
+
 /// Format version written by this crate.
-pub const TUNING_VERSION: u32 = 1;
+pub const TUNING_VERSION: u32 = 2;
 
 /// One measured time.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -30,6 +34,9 @@ pub struct Measurement {
     pub dtype: String,
     /// Bytes per rank.
     pub bytes: usize,
+    /// Where the buffers lived; `None` (version 1 tables): applies to either.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Memory>,
     /// Backend name.
     pub backend: String,
     /// Algorithm name, if the backend has several.
@@ -94,7 +101,7 @@ impl TuningTable {
     pub fn from_json(text: &str) -> Result<Self> {
         let table: TuningTable = serde_json::from_str(text)
             .map_err(|e| Error::InvalidArgument(format!("malformed tuning table: {e}")))?;
-        if table.version != TUNING_VERSION {
+        if !(1..=TUNING_VERSION).contains(&table.version) {
             return Err(Error::InvalidArgument(format!(
                 "tuning table version {} (this build reads {TUNING_VERSION})",
                 table.version
@@ -114,17 +121,20 @@ impl TuningTable {
         Ok(())
     }
 
-    /// The fastest accepted candidate at the measured size nearest to `bytes`. Prefers
-    /// measurements of the same dtype; falls back to any dtype.
+    /// The fastest accepted candidate at the measured size nearest to `bytes`, among
+    /// measurements of `memory`. Prefers measurements of the same dtype; falls back to any
+    /// dtype.
     pub fn best(
         &self,
         collective: Collective,
         dtype: DType,
         bytes: usize,
+        memory: Memory,
         accept: impl Fn(&str, Option<&str>) -> bool,
     ) -> Option<TunedChoice> {
         let usable = |m: &&Measurement| {
             m.collective == collective.name()
+                && m.memory.is_none_or(|k| k == memory)
                 && accept(&m.backend, m.algorithm.as_deref())
                 && m.time_us.is_finite()
         };
@@ -184,6 +194,7 @@ mod tests {
             collective: "all_reduce".into(),
             dtype: "bf16".into(),
             bytes,
+            memory: Some(Memory::Device),
             backend: backend.into(),
             algorithm: algorithm.map(String::from),
             time_us,
@@ -205,7 +216,13 @@ mod tests {
     fn nearest_size_and_fastest_candidate() {
         let t = table();
         let small = t
-            .best(Collective::AllReduce, DType::BF16, 42 << 10, |_, _| true)
+            .best(
+                Collective::AllReduce,
+                DType::BF16,
+                42 << 10,
+                Memory::Device,
+                |_, _| true,
+            )
             .unwrap();
         assert_eq!(
             (small.backend.as_str(), small.algorithm.as_deref()),
@@ -213,18 +230,45 @@ mod tests {
         );
         assert_eq!(small.runner_up, Some(("nccl".into(), 20.0)));
         let large = t
-            .best(Collective::AllReduce, DType::F32, 128 << 20, |_, _| true)
+            .best(
+                Collective::AllReduce,
+                DType::F32,
+                128 << 20,
+                Memory::Device,
+                |_, _| true,
+            )
             .unwrap();
         assert_eq!(large.backend, "nccl");
         let no_ipc = t
-            .best(Collective::AllReduce, DType::BF16, 42 << 10, |b, _| {
-                b != "ipc"
-            })
+            .best(
+                Collective::AllReduce,
+                DType::BF16,
+                42 << 10,
+                Memory::Device,
+                |b, _| b != "ipc",
+            )
             .unwrap();
         assert_eq!(no_ipc.backend, "nccl");
         assert!(
-            t.best(Collective::AllGather, DType::BF16, 1, |_, _| true)
-                .is_none()
+            t.best(
+                Collective::AllGather,
+                DType::BF16,
+                1,
+                Memory::Device,
+                |_, _| true
+            )
+            .is_none()
+        );
+        // Device measurements say nothing about host calls.
+        assert!(
+            t.best(
+                Collective::AllReduce,
+                DType::BF16,
+                1,
+                Memory::Host,
+                |_, _| true
+            )
+            .is_none()
         );
     }
 
@@ -232,8 +276,28 @@ mod tests {
     fn json_round_trip_and_version_check() {
         let t = table();
         assert_eq!(TuningTable::from_json(&t.to_json()).unwrap(), t);
-        let future = t.to_json().replace("\"version\": 1", "\"version\": 99");
+        let future = t.to_json().replace("\"version\": 2", "\"version\": 99");
         assert!(TuningTable::from_json(&future).is_err());
         assert!(TuningTable::from_json("{").is_err());
+    }
+}
+
+#[cfg(test)]
+mod shipped_tables {
+    use super::*;
+
+    /// The tables measured on the device machine load, and name backends as their
+    /// communicators do.
+    #[test]
+    fn load_and_name_known_backends() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tables");
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let table = TuningTable::load(&path).unwrap();
+            for m in &table.measurements {
+                let id: crate::BackendId = m.backend.parse().unwrap();
+                assert_eq!(m.memory, Some(id.memory()), "{}", path.display());
+            }
+        }
     }
 }

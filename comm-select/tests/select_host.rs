@@ -1,10 +1,12 @@
 //! SelectComm over the host backends (LocalComm and SymmComm), ranks as threads.
 
-use comm_core::conformance::{self, Config};
+use std::time::Duration;
+
+use comm_core::conformance::{self, After, Config, Disagreement, HostMemory};
 use comm_core::{
-    Bootstrap, Communicator, CommunicatorExt, DType, LocalComm, ReduceOp, ThreadsBootstrap,
+    Bootstrap, Communicator, CommunicatorExt, DType, Error, LocalComm, ReduceOp, ThreadsBootstrap,
 };
-use comm_select::{CallInfo, Measurement, SelectComm, SelectOptions, Source, TuningTable};
+use comm_select::{CallInfo, Measurement, Memory, SelectComm, SelectOptions, Source, TuningTable};
 use comm_symm::SymmComm;
 
 /// Runs `body` on `world` threads, each with a SelectComm over [local, symm] built with
@@ -14,16 +16,30 @@ fn with_select<T: Send + 'static>(
     options: impl Fn(usize) -> SelectOptions + Send + Sync + Clone + 'static,
     body: impl Fn(SelectComm) -> T + Send + Sync + Clone + 'static,
 ) -> Vec<T> {
-    let handles: Vec<_> = ThreadsBootstrap::create(world)
+    with_select_bounded(world, None, options, body)
+}
+
+/// [`with_select`] whose members give up on an absent peer after `member_timeout`
+/// (`None`: the default timeout).
+fn with_select_bounded<T: Send + 'static>(
+    world: usize,
+    member_timeout: Option<Duration>,
+    options: impl Fn(usize) -> SelectOptions + Send + Sync + Clone + 'static,
+    body: impl Fn(SelectComm) -> T + Send + Sync + Clone + 'static,
+) -> Vec<T> {
+    let bound = member_timeout.unwrap_or_else(comm_core::bootstrap::default_timeout);
+    // The diagnosis after a failed call waits on the bootstrap: longer than the members.
+    let handles: Vec<_> = ThreadsBootstrap::with_timeout(world, bound * 10)
         .into_iter()
-        .zip(LocalComm::create(world))
+        .zip(LocalComm::with_timeout(world, bound))
         .map(|(boot, local)| {
             let (options, body) = (options.clone(), body.clone());
             std::thread::spawn(move || {
-                let symm = SymmComm::with_max_bytes(&boot, 1 << 20).unwrap();
+                let mut symm = SymmComm::with_max_bytes(&boot, 1 << 20).unwrap();
+                symm.set_timeout(bound);
                 let backends: Vec<Box<dyn Communicator>> = vec![Box::new(local), Box::new(symm)];
-                let select = SelectComm::new(&boot, backends, options(boot.rank())).unwrap();
-                body(select)
+                let options = options(boot.rank());
+                body(SelectComm::new(boot, backends, options).unwrap())
             })
         })
         .collect();
@@ -101,6 +117,7 @@ fn a_tuning_table_overrides_the_cost_model() {
                 collective: "all_reduce".into(),
                 dtype: "f32".into(),
                 bytes: 4096,
+                memory: Some(Memory::Host),
                 backend: backend.into(),
                 algorithm: algorithm.map(String::from),
                 time_us: t,
@@ -182,7 +199,7 @@ fn different_backend_lists_are_a_mismatch() {
                 if boot.rank() == 0 {
                     backends.push(Box::new(symm));
                 }
-                SelectComm::new(&boot, backends, SelectOptions::default()).map(drop)
+                SelectComm::new(boot, backends, SelectOptions::default()).map(drop)
             })
         })
         .collect();
@@ -191,5 +208,78 @@ fn different_backend_lists_are_a_mismatch() {
             h.join().unwrap(),
             Err(comm_core::Error::Mismatch(_))
         ));
+    }
+}
+
+/// [`with_select_bounded`] with default options.
+fn with_short_timeouts<T: Send + 'static>(
+    world: usize,
+    member_timeout: Duration,
+    body: impl Fn(SelectComm) -> T + Send + Sync + Clone + 'static,
+) -> Vec<T> {
+    with_select_bounded(
+        world,
+        Some(member_timeout),
+        |_| SelectOptions::default(),
+        body,
+    )
+}
+
+/// The scenario: three ranks, rank 0's call differs from the others' (f32 vs i32,
+/// 8 vs 262144 elements, all_gather vs all_reduce), then a matching call. Every rank gets
+/// Mismatch naming both calls; the matching call gives the right sum everywhere or
+/// Aborted everywhere, never another rank's stale contribution.
+#[test]
+fn disagreeing_ranks_get_a_mismatch_and_never_stale_data() {
+    let member_timeout = Duration::from_millis(300);
+    for kind in Disagreement::ALL {
+        let results = with_short_timeouts(3, member_timeout, move |s| {
+            let after = conformance::check_disagreement(&s, &HostMemory, kind, member_timeout * 8)?;
+            // Poisoned means poisoned for good, and says so.
+            if after == After::Poisoned {
+                let again = s.barrier();
+                assert!(matches!(again, Err(Error::Aborted(_))), "{again:?}");
+            }
+            Ok(after)
+        });
+        let after =
+            conformance::same_everywhere(results).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        assert_ne!(after, After::Skipped, "{kind:?}");
+    }
+}
+
+#[test]
+fn routes_of_mismatched_calls_are_named_in_the_mismatch() {
+    let member_timeout = Duration::from_millis(200);
+    let errors = with_short_timeouts(2, member_timeout, |s| {
+        s.barrier().unwrap();
+        // 16 KiB of f32 on rank 0 (symm), 64 MiB on rank 1 (only local holds that).
+        let count = if s.rank() == 0 { 4096 } else { 16 << 20 };
+        let mut x = vec![1.0f32; count];
+        s.all_reduce_in_place_slice(&mut x, ReduceOp::Sum)
+            .unwrap_err()
+    });
+    for e in errors {
+        match e {
+            Error::Mismatch(m) => {
+                assert!(
+                    m.contains("4096 x f32") && m.contains("16777216 x f32"),
+                    "{m}"
+                );
+                assert!(m.contains("on symm") && m.contains("on local"), "{m}");
+            }
+            other => panic!("expected a mismatch, got {other}"),
+        }
+    }
+}
+
+#[test]
+fn a_late_rank_never_gets_stale_data() {
+    let member_timeout = Duration::from_millis(200);
+    let results = with_short_timeouts(3, member_timeout, move |s| {
+        conformance::check_late_rank(&s, &HostMemory, 1, member_timeout * 3, member_timeout * 8)
+    });
+    for r in results {
+        r.unwrap();
     }
 }

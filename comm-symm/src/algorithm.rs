@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use comm_core::{Error, Result};
+use comm_core::{Error, Result, TrafficPattern};
 
 /// An all-reduce algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +24,13 @@ pub enum Algorithm {
 impl Algorithm {
     /// Every algorithm name, as accepted by [`FromStr`].
     pub const NAMES: [&'static str; 4] = ["auto", "oneshot", "twoshot", "lamport"];
+
+    /// How each named algorithm moves data, for cost models (`auto` depends on the size).
+    pub const PATTERNS: [(&'static str, TrafficPattern); 3] = [
+        ("oneshot", TrafficPattern::OneShotPull),
+        ("twoshot", TrafficPattern::TwoShotPull),
+        ("lamport", TrafficPattern::OneShotPush),
+    ];
 
     /// The algorithm's name.
     pub fn name(self) -> &'static str {

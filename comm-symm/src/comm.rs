@@ -6,7 +6,9 @@
 //! alternate calls, so no second barrier is needed: a rank can only overwrite a half two
 //! calls later, after every peer has reached the next call's barrier, which it does only
 //! once it has finished reading. Results are reduced in rank order from the same bytes on
-//! every rank, so they are bitwise identical everywhere.
+//! every rank, so they are bitwise identical everywhere. Next to the descriptor each rank
+//! stages its call number; a reader refuses a peer whose number differs from its own, so
+//! bytes staged for an abandoned call are never taken for a later one.
 //!
 //! Algorithms for all-reduce ([`Algorithm`]; `lamport` lives in its own module):
 //! - `oneshot`: every rank reduces the whole message from all peers' areas;
@@ -77,6 +79,7 @@ pub struct HostSymmComm {
     lamport: Lamport,
     algorithm: Cell<Algorithm>,
     calls: Cell<u64>,
+    caps: Capabilities,
 }
 
 impl HostSymmComm {
@@ -94,12 +97,17 @@ impl HostSymmComm {
         let lamport = Lamport::new(&heap, 2 * layout.half, capacity);
         // Peers may write into this rank's Lamport inboxes only once they are reset.
         heap.barrier(PHASE_CHANNEL)?;
+        let mut caps = Capabilities::host_complete()
+            .with_algorithms(&Algorithm::NAMES)
+            .with_algorithm_patterns(&Algorithm::PATTERNS);
+        caps.max_bytes = Some(layout.max_bytes);
         Ok(HostSymmComm {
             heap,
             layout,
             lamport,
             algorithm: Cell::new(Algorithm::Auto),
             calls: Cell::new(0),
+            caps,
         })
     }
 
@@ -165,17 +173,23 @@ impl HostSymmComm {
         locations: &[MemoryLocation],
     ) -> Result<(usize, CallDescriptor)> {
         self.heap.check_usable()?;
-        let verdict = self.checked(verdict, locations);
-        let half = (self.calls.get() % 2) as usize;
-        self.calls.set(self.calls.get() + 1);
+        let mut verdict = self.checked(verdict, locations);
+        if self.algorithm.get() == Algorithm::Lamport {
+            // Peers may be on the Lamport path with this call: meet them there first.
+            verdict = Ok(self.lamport.agree(&self.heap, verdict)?);
+        }
+        let call_number = self.calls.get();
+        let half = (call_number % 2) as usize;
+        self.calls.set(call_number + 1);
         let me = self.heap.rank();
         // SAFETY: this rank's own area; peers read it only after the barrier below.
         unsafe {
             let slot = std::slice::from_raw_parts_mut(
                 self.area(me, self.layout.verdict(half)),
-                DESCRIPTOR_BYTES,
+                DESCRIPTOR_BYTES + 8,
             );
-            slot.copy_from_slice(&encode_verdict(&verdict));
+            slot[..DESCRIPTOR_BYTES].copy_from_slice(&encode_verdict(&verdict));
+            slot[DESCRIPTOR_BYTES..].copy_from_slice(&call_number.to_le_bytes());
             if let (Ok(_), Some(input)) = (&verdict, input) {
                 let area = self.area(me, self.layout.input(half));
                 let (s, e) = skip.unwrap_or((input.len(), input.len()));
@@ -188,8 +202,15 @@ impl HostSymmComm {
             .map(|r| {
                 // SAFETY: after the barrier, peers' verdicts are complete and stable.
                 let bytes =
-                    unsafe { self.peer_bytes(r, self.layout.verdict(half), DESCRIPTOR_BYTES) };
-                decode_verdict(bytes)
+                    unsafe { self.peer_bytes(r, self.layout.verdict(half), DESCRIPTOR_BYTES + 8) };
+                let (descriptor, number) = bytes.split_at(DESCRIPTOR_BYTES);
+                let number = u64::from_le_bytes(number.try_into().expect("8 bytes"));
+                if number != call_number {
+                    return Err(self.heap.abort(format!(
+                        "rank {r} staged call {number} where this rank expects {call_number}"
+                    )));
+                }
+                decode_verdict(descriptor)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok((half, settle(verdict, &all)?))
@@ -267,10 +288,8 @@ impl Communicator for HostSymmComm {
         self.heap.world_size()
     }
 
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::host_complete().with_algorithms(&Algorithm::NAMES);
-        caps.max_bytes = Some(self.layout.max_bytes);
-        caps
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
     }
 
     fn all_reduce(&self, send: BufferRef<'_>, mut recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
@@ -282,7 +301,10 @@ impl Communicator for HostSymmComm {
                 self.lamport
                     .post(&self.heap, &verdict, send.host_bytes().unwrap_or_default())?;
             let out = recv.host_bytes_mut().unwrap_or_default();
-            return self.lamport.collect(&self.heap, verdict, inbox, out);
+            return self
+                .lamport
+                .collect(&self.heap, verdict, inbox, out)
+                .map(drop);
         }
         let world = self.world_size();
         let two_shot = world > 1 && self.choose(send.dtype(), send.bytes()) == Algorithm::TwoShot;
@@ -303,7 +325,10 @@ impl Communicator for HostSymmComm {
                 buf.as_ref().host_bytes().unwrap_or_default(),
             )?;
             let out = buf.host_bytes_mut().unwrap_or_default();
-            return self.lamport.collect(&self.heap, verdict, inbox, out);
+            return self
+                .lamport
+                .collect(&self.heap, verdict, inbox, out)
+                .map(drop);
         }
         let (half, call) =
             self.begin(verdict, buf.as_ref().host_bytes(), None, &[buf.location()])?;

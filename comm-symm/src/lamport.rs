@@ -14,6 +14,12 @@
 //! that pattern are sent as the canonical quiet NaN instead: NaN stays NaN. Integers have
 //! no spare value, so they use the one-shot path.
 //!
+//! The header also carries the sender's call number, which the reader checks against its
+//! own: a slot written for another call is refused, never reduced. Calls that carry no
+//! data here (integer dtypes, messages over the capacity, other collectives while
+//! `lamport` is chosen) still meet through the headers first ([`Lamport::agree`]), so
+//! ranks that disagree about the path get [`comm_core::Error::Mismatch`], not a hang.
+//!
 //! Reuse is safe with two inboxes: a peer writes into this rank's inbox for call `k + 2`
 //! only after reading this rank's data of call `k + 1`, which this rank writes only after
 //! it has read and reset its inbox of call `k` (release fence before writing, acquire
@@ -25,12 +31,13 @@ use std::time::Instant;
 
 use comm_core::call::{CallDescriptor, DESCRIPTOR_BYTES, decode_verdict, encode_verdict, settle};
 use comm_core::reduce::reduce_host;
-use comm_core::{DType, Result};
+use comm_core::{Collective, DType, Result};
 
 use crate::host::HostHeap;
 
-/// Header: the descriptor as 16-bit halves, each tagged so that a written word is never 0.
-const HEADER_WORDS: usize = DESCRIPTOR_BYTES / 2;
+/// Header: the descriptor and the call number as 16-bit halves, each tagged so that a
+/// written word is never 0.
+const HEADER_WORDS: usize = (DESCRIPTOR_BYTES + 8) / 2;
 const HEADER_TAG: u32 = 0x0001_0000;
 const HEADER_BYTES: usize = 64;
 
@@ -76,6 +83,24 @@ impl Lamport {
         matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
 
+    /// True when a sender with this call writes its data into the inboxes (otherwise
+    /// only its header). Every reader decides the same from the sender's header.
+    pub(crate) fn carries(&self, call: &CallDescriptor) -> bool {
+        call.collective == Collective::AllReduce
+            && Lamport::supports(call.dtype)
+            && call.send_bytes() <= self.capacity
+    }
+
+    /// Headers only: the ranks agree on a call that moves its data elsewhere.
+    pub(crate) fn agree(
+        &self,
+        heap: &HostHeap,
+        verdict: Result<CallDescriptor>,
+    ) -> Result<CallDescriptor> {
+        let inbox = self.post(heap, &verdict, &[])?;
+        self.collect(heap, verdict, inbox, &mut [])
+    }
+
     fn slot(&self, heap: &HostHeap, owner: usize, inbox: usize, from: usize) -> *mut u8 {
         let slot_bytes = HEADER_BYTES + self.capacity;
         // SAFETY: the caller sized the data area with `area_bytes`.
@@ -104,15 +129,19 @@ impl Lamport {
         input: &[u8],
     ) -> Result<usize> {
         heap.check_usable()?;
-        let inbox = (self.calls.get() % 2) as usize;
-        self.calls.set(self.calls.get() + 1);
+        let call_number = self.calls.get();
+        let inbox = (call_number % 2) as usize;
+        self.calls.set(call_number + 1);
         let me = heap.rank();
-        let header = encode_verdict(verdict);
+        let mut header = [0u8; 2 * HEADER_WORDS];
+        header[..DESCRIPTOR_BYTES].copy_from_slice(&encode_verdict(verdict));
+        header[DESCRIPTOR_BYTES..].copy_from_slice(&call_number.to_le_bytes());
+        let data = verdict.as_ref().ok().filter(|call| self.carries(call));
         // Order this rank's earlier resets before any peer can see this call's data.
         fence(Ordering::Release);
         for peer in 0..self.world {
             let slot = self.slot(heap, peer, inbox, me);
-            if let Ok(call) = verdict {
+            if let Some(call) = data {
                 write_data(slot, call.dtype, input);
             }
             for (word, pair) in header.chunks_exact(2).enumerate() {
@@ -130,28 +159,37 @@ impl Lamport {
     }
 
     /// Second half: waits for every peer's slot of `inbox`, agrees on the call, reduces
-    /// into `out` and resets the inbox.
+    /// into `out` (when the call carries data here) and resets the inbox.
     pub(crate) fn collect(
         &self,
         heap: &HostHeap,
         verdict: Result<CallDescriptor>,
         inbox: usize,
         out: &mut [u8],
-    ) -> Result<()> {
+    ) -> Result<CallDescriptor> {
         let me = heap.rank();
         let deadline = Instant::now() + heap.timeout();
+        let call_number = self.calls.get() - 1;
         let mut verdicts = Vec::with_capacity(self.world);
         for from in 0..self.world {
             let slot = self.slot(heap, me, inbox, from);
-            verdicts.push(self.wait_header(heap, slot, from, deadline)?);
+            let (verdict, number) = self.wait_header(heap, slot, from, deadline)?;
+            if number != call_number {
+                return Err(heap.abort(format!(
+                    "rank {from} wrote lamport call {number} where this rank expects {call_number}"
+                )));
+            }
+            verdicts.push(verdict);
         }
+        // A peer that failed may have written its header before giving up.
+        heap.check_peers()?;
         // Data each sender wrote (its own count), to wait for and to reset afterwards.
         let sent_bytes: Vec<usize> = verdicts
             .iter()
-            .map(|v| v.map_or(0, |d| d.send_bytes().min(self.capacity)))
+            .map(|v| v.filter(|d| self.carries(d)).map_or(0, |d| d.send_bytes()))
             .collect();
         let settled = settle(verdict, &verdicts);
-        if let Ok(call) = &settled {
+        if let Some(call) = settled.as_ref().ok().filter(|call| self.carries(call)) {
             for (from, &bytes) in sent_bytes.iter().enumerate() {
                 let slot = self.slot(heap, me, inbox, from);
                 wait_data(heap, slot, call.dtype, bytes, from, deadline)?;
@@ -176,7 +214,7 @@ impl Lamport {
             // cannot race with their stores.
             for (from, v) in verdicts.iter().enumerate() {
                 if let Some(d) = v {
-                    if Lamport::supports(d.dtype) {
+                    if sent_bytes[from] > 0 {
                         wait_data(
                             heap,
                             self.slot(heap, me, inbox, from),
@@ -192,7 +230,7 @@ impl Lamport {
         for (from, &bytes) in sent_bytes.iter().enumerate() {
             self.reset(heap, inbox, from, bytes);
         }
-        settled.map(drop)
+        settled
     }
 
     fn wait_header(
@@ -201,7 +239,7 @@ impl Lamport {
         slot: *mut u8,
         from: usize,
         deadline: Instant,
-    ) -> Result<Option<CallDescriptor>> {
+    ) -> Result<(Option<CallDescriptor>, u64)> {
         // Wait on the last header word only: it is stored with release after the data and
         // the other words, so once it is seen (acquire) the whole slot is. Polling every
         // element instead would make the reader pull cache lines the writer is still
@@ -210,17 +248,19 @@ impl Lamport {
         spin_until(heap, from, deadline, || {
             (header_word(slot, last).load(Ordering::Acquire) != 0).then_some(())
         })?;
-        let mut bytes = [0u8; DESCRIPTOR_BYTES];
+        let mut bytes = [0u8; 2 * HEADER_WORDS];
         for word in 0..HEADER_WORDS {
             let value = header_word(slot, word).load(Ordering::Relaxed);
             if value == 0 {
-                return Err(comm_core::Error::Mismatch(format!(
+                return Err(heap.abort(format!(
                     "rank {from}'s lamport header is incomplete after its release point"
                 )));
             }
             bytes[2 * word..2 * word + 2].copy_from_slice(&(value as u16).to_le_bytes());
         }
-        decode_verdict(&bytes)
+        let (descriptor, number) = bytes.split_at(DESCRIPTOR_BYTES);
+        let number = u64::from_le_bytes(number.try_into().expect("8 bytes"));
+        Ok((decode_verdict(descriptor)?, number))
     }
 }
 
@@ -358,8 +398,11 @@ fn spin_until<T>(
             continue;
         }
         std::thread::yield_now();
-        if spins % 64 == 0 && Instant::now() >= deadline {
-            return Err(heap.timed_out(format!("rank {from}'s data (lamport)"), heap.timeout()));
+        if spins % 64 == 0 {
+            heap.check_peer(from)?;
+            if Instant::now() >= deadline {
+                return Err(heap.timed_out(format!("rank {from}'s data (lamport)"), heap.timeout()));
+            }
         }
     }
 }

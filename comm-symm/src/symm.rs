@@ -115,7 +115,7 @@ impl Communicator for SymmComm {
     fn world_size(&self) -> usize {
         each!(self, c => c.world_size())
     }
-    fn capabilities(&self) -> Capabilities {
+    fn capabilities(&self) -> &Capabilities {
         each!(self, c => c.capabilities())
     }
     fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {

@@ -136,3 +136,46 @@ fn lamport_carries_the_sentinel_pattern_as_nan() {
         }
     }
 }
+
+#[test]
+fn disagreeing_ranks_get_a_mismatch_on_every_algorithm() {
+    use comm_core::conformance::{After, Disagreement, HostMemory};
+    let bound = Duration::from_secs(5);
+    for algorithm in [
+        Algorithm::Auto,
+        Algorithm::OneShot,
+        Algorithm::TwoShot,
+        Algorithm::Lamport,
+    ] {
+        for kind in Disagreement::ALL {
+            let results = on_threads(3, bound, move |b| {
+                let mut comm = SymmComm::with_max_bytes(&b, 2 << 20).unwrap();
+                comm.set_timeout(bound);
+                comm.use_algorithm(algorithm);
+                conformance::check_disagreement(&comm, &HostMemory, kind, bound)
+            });
+            assert_eq!(
+                conformance::same_everywhere(results),
+                Ok(After::Usable),
+                "{algorithm} {kind:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_late_rank_never_gets_stale_data() {
+    use comm_core::conformance::HostMemory;
+    let bound = Duration::from_millis(200);
+    for algorithm in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Lamport] {
+        let results = on_threads(3, Duration::from_secs(10), move |b| {
+            let mut comm = SymmComm::with_max_bytes(&b, 1 << 16).unwrap();
+            comm.set_timeout(bound);
+            comm.use_algorithm(algorithm);
+            conformance::check_late_rank(&comm, &HostMemory, 1, bound * 3, bound * 5)
+        });
+        for r in results {
+            r.unwrap_or_else(|f| panic!("{algorithm}: {f}"));
+        }
+    }
+}

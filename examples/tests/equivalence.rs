@@ -219,7 +219,7 @@ fn run_case(ctx: &RankContext, names: &[&str], c: &Case, device: bool) -> Vec<(S
     let mut out = Vec::new();
     for name in names {
         let backend = backends::find(name).unwrap();
-        let comm = match (backend.create)(ctx) {
+        let comm = match backend.create(ctx) {
             Ok(comm) => comm,
             Err(e) => panic!("{name} does not start: {e}"),
         };

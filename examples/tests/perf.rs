@@ -30,7 +30,7 @@ fn config(sizes: &[u64], dtype: DType, op: ReduceOp, check: bool) -> SweepConfig
 }
 
 fn local(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
-    (backends::find("local").unwrap().create)(ctx)
+    backends::find("local").unwrap().create(ctx)
 }
 
 fn sweep(
@@ -147,7 +147,7 @@ fn registered_backends_pass_the_check_for_every_dtype_and_op() {
         for dtype in DType::ALL {
             for op in ReduceOp::ALL {
                 let cfg = config(&[1, 24, 1000, 70_000], dtype, op, true);
-                for row in sweep(&backend.create, 3, &cfg) {
+                for row in sweep(&|ctx: &RankContext| backend.create(ctx), 3, &cfg) {
                     let what = format!("{} {dtype} {op}", backend.name);
                     assert!(row.out_of_place.is_some() && row.in_place.is_some());
                     assert!(!row.failed(), "{what}: {row:?}");
@@ -159,7 +159,8 @@ fn registered_backends_pass_the_check_for_every_dtype_and_op() {
 
 #[test]
 fn each_algorithm_gets_its_own_rows() {
-    let symm = backends::find("symm").unwrap().create;
+    let symm = backends::find("symm").unwrap();
+    let symm = move |ctx: &RankContext| symm.create(ctx);
     let mut cfg = config(&[64, 4096], DType::F32, ReduceOp::Sum, true);
     cfg.algorithms = Algorithms::All;
     let rows = sweep(&symm, 2, &cfg);
@@ -196,7 +197,7 @@ impl Communicator for Faulty {
     fn world_size(&self) -> usize {
         self.0.world_size()
     }
-    fn capabilities(&self) -> Capabilities {
+    fn capabilities(&self) -> &Capabilities {
         self.0.capabilities()
     }
     fn all_reduce(&self, send: BufferRef<'_>, mut recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {

@@ -12,10 +12,12 @@
 //! It moves `world_size` times more bytes than an algorithm that gathers only what each
 //! rank needs, which is the price of reusing the bootstrap as the data path.
 
+use std::sync::LazyLock;
+
 use crate::bootstrap::Bootstrap;
 use crate::buffer::{BufferMut, BufferRef, MemoryLocation};
 use crate::call::{CallDescriptor, DESCRIPTOR_BYTES, decode_verdict, encode_verdict, settle};
-use crate::communicator::{Capabilities, Collective, Communicator};
+use crate::communicator::{Capabilities, Collective, Communicator, TrafficPattern};
 use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
 use crate::reduce::reduce_host;
@@ -184,8 +186,10 @@ impl<B: Bootstrap> Communicator for BootstrapComm<B> {
         self.bootstrap.world_size()
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::host_complete()
+    fn capabilities(&self) -> &Capabilities {
+        static CAPS: LazyLock<Capabilities> =
+            LazyLock::new(|| Capabilities::host_complete().with_pattern(TrafficPattern::GatherAll));
+        &CAPS
     }
 
     fn all_reduce(&self, send: BufferRef<'_>, mut recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {

@@ -8,13 +8,13 @@
 //! peers may still be reading or writing its buffers. No data goes through channels.
 
 use std::cell::Cell;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use crate::bootstrap::default_timeout;
 use crate::buffer::{BufferMut, BufferRef, MemoryLocation};
 use crate::call::{CallDescriptor, settle};
-use crate::communicator::{Capabilities, Collective, Communicator};
+use crate::communicator::{Capabilities, Collective, Communicator, TrafficPattern};
 use crate::dtype::ReduceOp;
 use crate::error::Result;
 use crate::exchange::Exchange;
@@ -149,8 +149,11 @@ impl Communicator for LocalComm {
         self.world_size
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::host_complete()
+    fn capabilities(&self) -> &Capabilities {
+        static CAPS: LazyLock<Capabilities> = LazyLock::new(|| {
+            Capabilities::host_complete().with_pattern(TrafficPattern::HostThreads)
+        });
+        &CAPS
     }
 
     fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {

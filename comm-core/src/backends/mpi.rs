@@ -15,7 +15,7 @@
 mod reduction;
 
 use std::ffi::c_int;
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use ::mpi::ffi;
@@ -25,7 +25,7 @@ use crate::bootstrap::mpi::{dup, free, rank_and_size};
 use crate::bootstrap::{Bootstrap, MpiBootstrap};
 use crate::buffer::{BufferMut, BufferRef, MemoryLocation};
 use crate::call::{CallDescriptor, DESCRIPTOR_BYTES, decode_verdict, encode_verdict, settle};
-use crate::communicator::{Capabilities, Collective, Communicator};
+use crate::communicator::{Capabilities, Collective, Communicator, TrafficPattern};
 use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
 use crate::mpi_process::{Handle, MpiProcess, count, wait_bounded};
@@ -269,8 +269,10 @@ impl Communicator for MpiComm {
         self.world_size
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::host_complete()
+    fn capabilities(&self) -> &Capabilities {
+        static CAPS: LazyLock<Capabilities> =
+            LazyLock::new(|| Capabilities::host_complete().with_pattern(TrafficPattern::Ring));
+        &CAPS
     }
 
     fn all_reduce(&self, send: BufferRef<'_>, mut recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {

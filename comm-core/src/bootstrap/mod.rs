@@ -61,3 +61,39 @@ pub trait Bootstrap: Send + Sync {
         self.all_gather_bytes(&[]).map(drop)
     }
 }
+
+/// Implements [`Bootstrap`] for pointers to one, forwarding every method.
+macro_rules! forward_bootstrap {
+    ($($ty:ty),*) => {$(
+        impl<B: Bootstrap + ?Sized> Bootstrap for $ty {
+            fn rank(&self) -> usize {
+                (**self).rank()
+            }
+            fn world_size(&self) -> usize {
+                (**self).world_size()
+            }
+            fn local_rank(&self) -> usize {
+                (**self).local_rank()
+            }
+            fn local_world_size(&self) -> usize {
+                (**self).local_world_size()
+            }
+            fn timeout(&self) -> Duration {
+                (**self).timeout()
+            }
+            fn all_gather_bytes(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+                (**self).all_gather_bytes(data)
+            }
+            fn broadcast_bytes(&self, data: &[u8], root: usize) -> Result<Vec<u8>> {
+                (**self).broadcast_bytes(data, root)
+            }
+            fn barrier(&self) -> Result<()> {
+                (**self).barrier()
+            }
+        }
+    )*};
+}
+
+// One bootstrap usually serves several communicators (and the program itself): these let
+// a constructor that takes `B: Bootstrap` by value be handed a shared or borrowed one.
+forward_bootstrap!(&B, std::sync::Arc<B>, Box<B>);

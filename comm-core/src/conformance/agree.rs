@@ -77,7 +77,7 @@ impl Agreement {
     }
 }
 
-fn encode_small(dtype: DType, b: u8) -> Vec<u8> {
+pub(crate) fn encode_small(dtype: DType, b: u8) -> Vec<u8> {
     match dtype {
         DType::F32 => f32::from(b).to_le_bytes().to_vec(),
         DType::F64 => f64::from(b).to_le_bytes().to_vec(),

@@ -20,8 +20,10 @@
 //! every rank) through a sum all-reduce of the backend itself; a failure anywhere fails
 //! every rank, so the ranks never fall out of step.
 //!
-//! [`check_timeout`] is separate because it leaves the communicator unusable.
+//! [`check_timeout`], [`check_disagreement`] and [`check_late_rank`] are separate because
+//! they may leave the communicator unusable.
 
+mod after;
 mod agree;
 mod cases;
 mod data;
@@ -42,6 +44,10 @@ use proptest::test_runner::{
 use crate::communicator::{Collective, Communicator};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Error;
+pub use after::{
+    After, Disagreement, check_disagreement, check_disagreements_keep_usable, check_late_rank,
+    same_everywhere,
+};
 use agree::Agreement;
 use cases::Case;
 pub use memory::{HostMemory, TestBuffer, TestMemory};
@@ -216,7 +222,7 @@ impl<'a> Suite<'a> {
         config: &'a Config,
     ) -> Result<Self, Failure> {
         let caps = comm.capabilities();
-        let agreement = Agreement::pick(&caps).map_err(|e| failure("setup", e))?;
+        let agreement = Agreement::pick(caps).map_err(|e| failure("setup", e))?;
         let collectives = caps
             .collectives
             .iter()

@@ -6,6 +6,10 @@
 //! receiver's pad (release), and the receiver waits until that slot reaches the count it
 //! expects (acquire). Counts only grow, so a fast peer that signals again before a slow one
 //! has looked only moves the slot further past what the slow one waits for.
+//!
+//! A rank whose wait failed raises a flag in its own pad that every peer reads: peers
+//! waiting for it give up at once, and peers that meet it later refuse the call, since
+//! what it staged belongs to a call it abandoned.
 
 use std::cell::{Cell, RefCell};
 use std::os::fd::AsFd;
@@ -58,7 +62,8 @@ impl HostHeap {
             )));
         }
         let channels = channels.max(1);
-        let pad_bytes = (channels * world * SLOT).next_multiple_of(4096);
+        // One more slot after the signals: this rank's failure flag.
+        let pad_bytes = ((channels * world + 1) * SLOT).next_multiple_of(4096);
         let total = pad_bytes + data_bytes;
         let (fd, own) = Mapping::create(total)?;
         let fds = exchange_fds(bootstrap, fd.as_fd())?;
@@ -140,17 +145,45 @@ impl HostHeap {
         unsafe { &*(self.segments[owner].ptr().add(offset) as *const AtomicU64) }
     }
 
-    /// Fails with the reason if an earlier wait timed out.
+    fn failure_flag(&self, owner: usize) -> &AtomicU64 {
+        let offset = self.channels * self.world * SLOT;
+        // SAFETY: the pad holds one slot past the signal slots (see `rendezvous`), 8-aligned;
+        // it is only accessed through atomics.
+        unsafe { &*(self.segments[owner].ptr().add(offset) as *const AtomicU64) }
+    }
+
+    /// Fails with the reason if an earlier wait timed out, here or on a peer.
     pub fn check_usable(&self) -> Result<()> {
-        match &*self.broken.borrow() {
-            Some(why) => Err(Error::Aborted(why.clone())),
-            None => Ok(()),
+        if let Some(why) = &*self.broken.borrow() {
+            return Err(Error::Aborted(why.clone()));
         }
+        self.check_peers()
+    }
+
+    /// Fails (and marks the heap unusable) if a peer has raised its failure flag.
+    pub fn check_peers(&self) -> Result<()> {
+        (0..self.world).try_for_each(|peer| self.check_peer(peer))
+    }
+
+    /// Fails (and marks the heap unusable) if `peer` has raised its failure flag: it will
+    /// not signal again, and what it staged belongs to a call it gave up.
+    pub fn check_peer(&self, peer: usize) -> Result<()> {
+        if self.failure_flag(peer).load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        Err(self.abort(format!("rank {peer} failed an earlier call")))
+    }
+
+    /// Marks the heap unusable on every rank: this one refuses later calls, and peers see
+    /// the flag when they wait for or meet this rank. Returns [`Error::Aborted`].
+    pub fn abort(&self, why: String) -> Error {
+        self.failure_flag(self.rank).store(1, Ordering::Release);
+        Error::Aborted(self.broken.borrow_mut().get_or_insert(why).clone())
     }
 
     /// Marks the heap unusable after a wait of `after` for `what` expired; returns the error.
     pub fn timed_out(&self, what: String, after: Duration) -> Error {
-        *self.broken.borrow_mut() = Some(format!("timed out after {after:?} waiting for {what}"));
+        self.abort(format!("timed out after {after:?} waiting for {what}"));
         Error::Timeout { what, after }
     }
 
@@ -179,16 +212,20 @@ impl HostHeap {
             }
             std::thread::yield_now();
             let deadline = *deadline.get_or_insert_with(|| Instant::now() + timeout);
-            if spins % 64 == 0 && Instant::now() >= deadline {
-                return Err(
-                    self.timed_out(format!("rank {peer} on signal channel {channel}"), timeout)
-                );
+            if spins % 64 == 0 {
+                self.check_peer(peer)?;
+                if Instant::now() >= deadline {
+                    return Err(
+                        self.timed_out(format!("rank {peer} on signal channel {channel}"), timeout)
+                    );
+                }
             }
         }
         Ok(())
     }
 
-    /// Signals every peer on `channel` and waits for all of them.
+    /// Signals every peer on `channel` and waits for all of them. Fails if a peer has
+    /// failed: its signal may be one it sent before giving up on an earlier call.
     pub fn barrier(&self, channel: usize) -> Result<()> {
         self.check_usable()?;
         for peer in (0..self.world).filter(|&p| p != self.rank) {
@@ -197,7 +234,7 @@ impl HostHeap {
         for peer in (0..self.world).filter(|&p| p != self.rank) {
             self.wait_signal(peer, channel, self.timeout)?;
         }
-        Ok(())
+        self.check_peers()
     }
 }
 

@@ -9,9 +9,8 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use comm_core::{Bootstrap, Result};
+use comm_core::{Bootstrap, Error, Result};
 
 use crate::launch::Mode;
 
@@ -63,9 +62,13 @@ impl RankContext {
         &self.bootstrap
     }
 
-    /// The bootstrap as an owned value, for backends generic over `B: Bootstrap`.
-    pub fn shared_bootstrap(&self) -> SharedBootstrap {
-        SharedBootstrap(self.bootstrap.clone())
+    /// The CUDA device of this rank: `local_rank % device_count`, the rule of the GPU
+    /// backends. Fails where CUDA or a GPU is missing.
+    pub fn device(&self) -> Result<usize> {
+        match comm_core::cuda::device_count()? {
+            0 => Err(Error::NoDevice("no CUDA device".into())),
+            n => Ok(self.bootstrap.local_rank() % n),
+        }
     }
 
     /// The in-process group; `None` when each rank is a process.
@@ -135,46 +138,5 @@ impl ThreadGroup {
         all[rank]
             .take()
             .unwrap_or_else(|| panic!("rank {rank} took `{key}` twice"))
-    }
-}
-
-/// An `Arc<dyn Bootstrap>` that is itself a [`Bootstrap`], for constructors that take one
-/// by value.
-#[derive(Clone)]
-pub struct SharedBootstrap(pub Arc<dyn Bootstrap>);
-
-impl fmt::Debug for SharedBootstrap {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SharedBootstrap")
-            .field("rank", &self.0.rank())
-            .field("world_size", &self.0.world_size())
-            .finish()
-    }
-}
-
-impl Bootstrap for SharedBootstrap {
-    fn rank(&self) -> usize {
-        self.0.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.0.world_size()
-    }
-    fn local_rank(&self) -> usize {
-        self.0.local_rank()
-    }
-    fn local_world_size(&self) -> usize {
-        self.0.local_world_size()
-    }
-    fn timeout(&self) -> Duration {
-        self.0.timeout()
-    }
-    fn all_gather_bytes(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
-        self.0.all_gather_bytes(data)
-    }
-    fn broadcast_bytes(&self, data: &[u8], root: usize) -> Result<Vec<u8>> {
-        self.0.broadcast_bytes(data, root)
-    }
-    fn barrier(&self) -> Result<()> {
-        self.0.barrier()
     }
 }

@@ -1,19 +1,20 @@
 //! The backend registry: every communicator `allreduce-perf` can measure, by name.
 //!
 //! A [`Backend`] is a name, a one-line description, the launch modes it can run in and a
-//! constructor. The constructor runs once per rank, on that rank's thread or process,
-//! and turns the rank's [`RankContext`] (its bootstrap, and in-process its thread group)
-//! into a `Box<dyn Communicator>`. Adding a backend is one entry in [`all`] and a
-//! constructor of a few lines; backends behind cargo features add their entry under the
-//! same `cfg`.
+//! way to build it, once per rank, on that rank's thread or process, from the rank's
+//! [`RankContext`] (its bootstrap, and in-process its thread group). Most come from
+//! `comm_select`'s registry, which `auto` starts too: adding a backend there is enough.
+//! Backends that need more than a bootstrap (`local`, `mpi`) and `auto` itself have an
+//! entry and a constructor here.
 
 mod auto;
 mod context;
 
-use comm_core::{BootstrapComm, Communicator, Error, LocalComm, Result};
+use comm_core::{Communicator, Error, LocalComm, Result};
+use comm_select::BackendId;
 
 pub use auto::create_select;
-pub use context::{RankContext, SharedBootstrap, ThreadGroup};
+pub use context::{RankContext, ThreadGroup};
 
 use crate::launch::Mode;
 
@@ -23,20 +24,25 @@ pub type Constructor = fn(&RankContext) -> Result<Box<dyn Communicator>>;
 /// One entry of the registry.
 #[derive(Debug, Clone, Copy)]
 pub struct Backend {
-    /// The name users pass to `--backend`.
+    /// The name users pass to `--backend`; also what its communicator's
+    /// [`Communicator::name`] returns, which tuning tables and the selector use.
     pub name: &'static str,
-    /// The name its communicator reports ([`Communicator::name`]), which tuning tables
-    /// and the selector use; differs from `name` where two registry entries are two
-    /// backings of one backend (`symm` and `symm-cuda`).
-    pub comm_name: &'static str,
     /// One line for `--help`.
     pub about: &'static str,
     /// Launch modes the backend can run in.
     pub modes: &'static [Mode],
     /// Whether it is measured when no `--backend` is given (in the modes it supports).
     pub default: bool,
-    /// Builds one rank's communicator.
-    pub create: Constructor,
+    create: Create,
+}
+
+/// Where a backend comes from.
+#[derive(Debug, Clone, Copy)]
+enum Create {
+    /// `comm_select`'s registry, which `auto` starts too.
+    Library(BackendId),
+    /// A constructor of this crate, for backends that need more than a bootstrap.
+    Here(Constructor),
 }
 
 impl Backend {
@@ -44,83 +50,71 @@ impl Backend {
     pub fn runs_in(&self, mode: Mode) -> bool {
         self.modes.contains(&mode)
     }
+
+    /// Collective: builds this rank's communicator.
+    pub fn create(&self, ctx: &RankContext) -> Result<Box<dyn Communicator>> {
+        match self.create {
+            Create::Library(id) => {
+                let registered = comm_select::find(id)
+                    .ok_or_else(|| Error::Unsupported(format!("{id}: not in this build")))?;
+                let device = match id.memory() {
+                    comm_select::Memory::Device => Some(ctx.device()?),
+                    comm_select::Memory::Host => None,
+                };
+                registered.start(ctx.bootstrap(), device)
+            }
+            Create::Here(make) => make(ctx),
+        }
+    }
+
+    /// True for a backend `comm_select::auto` starts itself.
+    pub fn in_library(&self) -> bool {
+        matches!(self.create, Create::Library(_))
+    }
 }
 
-/// Every backend compiled into this build, in the order they are measured by default.
+/// Every backend compiled into this build, in the order they are measured by default:
+/// `local`, then `comm_select`'s registry with its host backends first, then `auto` (and
+/// `mpi` with feature `mpi`).
 pub fn all() -> Vec<Backend> {
-    vec![
+    let local = Backend {
+        name: "local",
+        about: "threads of one process sharing memory (comm_core::LocalComm)",
+        modes: &[Mode::Threads],
+        default: true,
+        create: Create::Here(create_local),
+    };
+    let library = comm_select::registry().iter().rev().map(|r| {
+        let host = r.id.memory() == comm_select::Memory::Host;
         Backend {
-            name: "local",
-            comm_name: "local",
-            about: "threads of one process sharing memory (comm_core::LocalComm)",
-            modes: &[Mode::Threads],
-            default: true,
-            create: create_local,
-        },
-        Backend {
-            name: "bootstrap",
-            comm_name: "bootstrap",
-            about: "data through the job's bootstrap, any launch (comm_core::BootstrapComm)",
-            modes: &[Mode::Threads, Mode::Env, Mode::Mpi],
-            default: true,
-            create: create_bootstrap,
-        },
-        Backend {
-            name: "symm",
-            comm_name: "symm",
-            about: "host symmetric heap shared by the ranks of one node (comm_symm::SymmComm)",
-            modes: &[Mode::Threads, Mode::Env, Mode::Mpi],
-            default: true,
-            create: create_symm,
-        },
-        Backend {
-            name: "ipc",
-            comm_name: "ipc",
-            about: "CUDA-IPC custom all-reduce, device memory, ranks may share a GPU (comm_ipc::IpcComm)",
+            name: r.id.name(),
+            about: r.about,
             modes: &Mode::ALL,
-            // Needs a GPU: measured when asked for.
-            default: false,
-            create: create_ipc,
-        },
-        Backend {
-            name: "nccl",
-            comm_name: "nccl",
-            about: "NCCL on device memory, one GPU per rank (comm_nccl::NcclComm)",
-            modes: &Mode::ALL,
-            // Needs a GPU and libnccl: measured when asked for.
-            default: false,
-            create: create_nccl,
-        },
-        Backend {
-            name: "symm-cuda",
-            comm_name: "symm",
-            about: "symm's CUDA backing: symmetric device heap, ranks may share a GPU \
-                    (comm_symm::cuda::CudaSymmComm)",
-            modes: &Mode::ALL,
-            // Needs a GPU: measured when asked for.
-            default: false,
-            create: create_symm_cuda,
-        },
-        Backend {
-            name: "auto",
-            comm_name: "auto",
-            about: "picks a backend per call (comm_select::SelectComm over the GPU backends that \
-                    start here and the mode's defaults; reads COMM_BACKEND, COMM_TUNING, \
-                    COMM_TOPOLOGY)",
-            modes: &[Mode::Threads, Mode::Env, Mode::Mpi],
-            default: false,
-            create: create_auto,
-        },
-        #[cfg(feature = "mpi")]
-        Backend {
-            name: "mpi",
-            comm_name: "mpi",
-            about: "MPI's own collectives, one rank per process (comm_core::MpiComm)",
-            modes: &[Mode::Env, Mode::Mpi],
-            default: true,
-            create: create_mpi,
-        },
-    ]
+            // GPU backends need a GPU: measured when asked for.
+            default: host,
+            create: Create::Library(r.id),
+        }
+    });
+    let auto = Backend {
+        name: "auto",
+        about: "picks a backend per call (comm_select::auto: the backends above that start \
+                on every rank, and local or mpi where they run; reads COMM_BACKEND, \
+                COMM_TUNING, COMM_TOPOLOGY)",
+        modes: &Mode::ALL,
+        default: false,
+        create: Create::Here(create_auto),
+    };
+    let mut out: Vec<Backend> = std::iter::once(local).chain(library).collect();
+    out.push(auto);
+    #[cfg(feature = "mpi")]
+    out.push(Backend {
+        name: "mpi",
+        about: "MPI's own collectives, one rank per process (comm_core::MpiComm)",
+        modes: &[Mode::Env, Mode::Mpi],
+        default: true,
+        create: Create::Here(create_mpi),
+    });
+    out
 }
 
 /// Looks a backend up by name; the error lists the known names.
@@ -158,14 +152,6 @@ fn create_local(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
     Ok(Box::new(comm))
 }
 
-fn create_bootstrap(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
-    Ok(Box::new(BootstrapComm::new(ctx.shared_bootstrap())))
-}
-
-fn create_symm(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
-    Ok(Box::new(comm_symm::SymmComm::new(&**ctx.bootstrap())?))
-}
-
 fn create_auto(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
     Ok(Box::new(create_select(ctx)?))
 }
@@ -177,24 +163,6 @@ fn create_auto(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
 fn create_mpi(_ctx: &RankContext) -> Result<Box<dyn Communicator>> {
     let bootstrap = comm_core::MpiBootstrap::init()?;
     Ok(Box::new(comm_core::MpiComm::new(&bootstrap)?))
-}
-
-fn create_ipc(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
-    Ok(Box::new(comm_ipc::IpcComm::from_bootstrap(
-        ctx.bootstrap().clone(),
-    )?))
-}
-
-fn create_symm_cuda(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
-    Ok(Box::new(comm_symm::cuda::CudaSymmComm::from_bootstrap(
-        ctx.bootstrap().clone(),
-    )?))
-}
-
-fn create_nccl(ctx: &RankContext) -> Result<Box<dyn Communicator>> {
-    Ok(Box::new(comm_nccl::NcclComm::from_bootstrap(
-        ctx.bootstrap().clone(),
-    )?))
 }
 
 #[cfg(test)]
@@ -218,12 +186,12 @@ mod tests {
     fn registry_names_are_the_communicators_names() {
         for backend in all().into_iter().filter(|b| b.runs_in(Mode::Threads)) {
             let names = crate::launch::run_threads(2, |ctx| {
-                (backend.create)(&ctx).map(|c| c.name().to_string())
+                backend.create(&ctx).map(|c| c.name().to_string())
             })
             .unwrap();
             for name in names {
                 match name {
-                    Ok(name) => assert_eq!(name, backend.comm_name),
+                    Ok(name) => assert_eq!(name, backend.name),
                     // GPU backends on a machine without GPU or driver: nothing to compare.
                     Err(Error::NoDevice(_) | Error::LibraryMissing { .. }) => {}
                     Err(e) => panic!("{}: {e}", backend.name),

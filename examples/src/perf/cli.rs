@@ -16,7 +16,7 @@ use super::progress::Progress;
 use super::report::{self, Row, TableHeader};
 use super::sweep::{Algorithms, Event, SweepConfig, run_in_process, run_rank};
 use super::{plot, tune};
-use crate::backends::{self, Backend};
+use crate::backends::{self, Backend, RankContext};
 use crate::launch::{Mode, launcher_rank, process_context};
 
 /// `println!` that ignores a closed stdout (`allreduce-perf | head`): the sweep goes on
@@ -206,10 +206,10 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
     let mut rows: Vec<Row> = Vec::new();
     let mut ok = true;
     for backend in &selected {
-        let create = &backend.create;
+        let create = |ctx: &RankContext| backend.create(ctx);
         let result = match &process {
-            None => run_in_process(backend.name, create, ranks, &cfg, &observe),
-            Some(ctx) => run_rank(ctx, backend.name, create, &cfg, &observe),
+            None => run_in_process(backend.name, &create, ranks, &cfg, &observe),
+            Some(ctx) => run_rank(ctx, backend.name, &create, &cfg, &observe),
         };
         progress.clear();
         match result {

@@ -272,7 +272,7 @@ fn algorithms(
     wanted: &Algorithms,
     observe: &(dyn Fn(Event<'_>) + Sync),
 ) -> Result<Vec<Option<String>>> {
-    let has = comm.capabilities().algorithms;
+    let has = &comm.capabilities().algorithms;
     match wanted {
         Algorithms::Default => Ok(vec![None]),
         _ if has.is_empty() => {
@@ -284,7 +284,7 @@ fn algorithms(
             }
             Ok(vec![None])
         }
-        Algorithms::All => Ok(has.into_iter().map(Some).collect()),
+        Algorithms::All => Ok(has.iter().cloned().map(Some).collect()),
         Algorithms::Named(names) => {
             let (known, unknown): (Vec<&String>, Vec<&String>) =
                 names.iter().partition(|n| has.contains(n));

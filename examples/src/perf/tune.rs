@@ -7,7 +7,7 @@
 //! picked.
 
 use comm_core::Collective;
-use comm_select::{Measurement, TuningTable};
+use comm_select::{BackendId, Measurement, TuningTable};
 
 use super::report::Row;
 
@@ -24,9 +24,8 @@ pub fn tuning_table(rows: &[Row], note: &str) -> TuningTable {
             collective: Collective::AllReduce.name().to_string(),
             dtype: r.dtype.clone(),
             bytes: r.bytes as usize,
-            // The selector knows backends by their communicator's name.
-            backend: crate::backends::find(&r.backend)
-                .map_or_else(|_| r.backend.clone(), |b| b.comm_name.to_string()),
+            memory: r.backend.parse::<BackendId>().ok().map(BackendId::memory),
+            backend: r.backend.clone(),
             algorithm: r.algorithm.clone(),
             time_us,
         })
@@ -39,6 +38,7 @@ mod tests {
     use super::*;
     use crate::perf::report::Timing;
     use comm_core::DType;
+    use comm_select::Memory;
 
     fn row(backend: &str, algorithm: Option<&str>, bytes: u64, time_us: f64) -> Row {
         Row {
@@ -81,9 +81,24 @@ mod tests {
         assert_eq!(table.measurements.len(), 2);
         let parsed = TuningTable::from_json(&table.to_json()).unwrap();
         let best = parsed
-            .best(Collective::AllReduce, DType::BF16, 1000, |_, _| true)
+            .best(
+                Collective::AllReduce,
+                DType::BF16,
+                1000,
+                Memory::Host,
+                |_, _| true,
+            )
             .unwrap();
         assert_eq!(best.backend, "symm");
         assert_eq!(best.algorithm.as_deref(), Some("oneshot"));
+        // Host measurements say nothing about device calls.
+        let device = parsed.best(
+            Collective::AllReduce,
+            DType::BF16,
+            1000,
+            Memory::Device,
+            |_, _| true,
+        );
+        assert!(device.is_none());
     }
 }

@@ -262,7 +262,7 @@ fn run_backend(ctx: &RankContext, cfg: &Config, name: &str) -> Result<(Timing, O
     let comm: &dyn Communicator = match &selector {
         Some(s) => s,
         None => {
-            boxed = (backend.create)(ctx)?;
+            boxed = backend.create(ctx)?;
             &*boxed
         }
     };
