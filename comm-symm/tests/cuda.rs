@@ -41,16 +41,25 @@ fn joining_an_absent_device_fails_on_every_rank() {
     }
 }
 
-/// Ranks are threads spread over the GPUs: with one GPU they are virtual ranks sharing it,
-/// with two or more each thread drives its own GPU (and world 3 mixes both).
+/// One rank thread per GPU (two virtual ranks sharing it on a machine with one GPU).
 #[test]
 #[ignore = "needs a GPU"]
 fn conformance_on_in_process_ranks() {
-    for world in [2, 3] {
-        conformance_on_threads(world);
-    }
+    let gpus = comm_core::cuda::device_count().expect("a GPU");
+    conformance_on_threads(gpus.max(2));
 }
 
+/// One rank thread more than there are GPUs, so that two ranks share a GPU in one process.
+#[test]
+#[ignore = "needs 2 GPUs; fails intermittently (2 x H200, 2026-11-30), see BENCHMARKS.md \
+            'Ranks sharing a GPU in one process'"]
+fn conformance_with_ranks_sharing_a_gpu() {
+    let gpus = comm_core::cuda::device_count().expect("a GPU");
+    assert!(gpus >= 2, "needs 2 GPUs, found {gpus}");
+    conformance_on_threads(gpus + 1);
+}
+
+/// Ranks are threads spread over the GPUs (rank `r` on GPU `r % gpus`).
 fn conformance_on_threads(world: usize) {
     for r in on_ranks(world, |b| {
         let device = b.rank() % comm_core::cuda::device_count()?;
