@@ -127,7 +127,7 @@ fn a_late_rank_never_gets_stale_data() {
         .into_iter()
         .map(|c| {
             std::thread::spawn(move || {
-                conformance::check_late_rank(&c, &HostMemory, 1, bound * 3, bound * 5)
+                conformance::check_late_rank(&c, &HostMemory, 1, bound * 10, bound * 20)
             })
         })
         .collect();
