@@ -3,9 +3,10 @@
 //! path, and `COMM_EXPECT_NVRTC=1` where the NVRTC wheel is on `LD_LIBRARY_PATH`.
 #![cfg(feature = "cuda")]
 
-use comm_core::Error;
 use comm_core::cuda::kernels::{FILL_CHECK, Image, compile, nvrtc_version};
+use comm_core::cuda::stream::is_capturing;
 use comm_core::cuda::{DeviceMemory, context, device_count};
+use comm_core::{Error, RawStream};
 
 fn flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == "1")
@@ -32,6 +33,8 @@ fn device_entry_points_fail_cleanly_without_a_gpu() {
     let e = context(0).unwrap_err();
     assert!(is_clean_absence(&e), "{e}");
     let e = DeviceMemory::new(0).unwrap_err();
+    assert!(is_clean_absence(&e), "{e}");
+    let e = is_capturing(RawStream::default()).unwrap_err();
     assert!(is_clean_absence(&e), "{e}");
     // Asking again gives the same answer (the probe is cached, not half-initialised).
     let e = device_count().unwrap_err();

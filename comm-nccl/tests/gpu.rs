@@ -1,7 +1,8 @@
 //! NcclComm on a real GPU: the conformance suite, every collective and dtype against an
 //! f64 host reference, the fill/check kernels against their host mirror, and a CUDA graph
-//! of 122 all-reduces replayed 100 times. Ignored without a GPU; run them on the device
-//! machine with `--include-ignored` (scripts/gpu-bundle prints the command).
+//! of 122 all-reduces (on a stream that reports its capture) replayed 100 times. Ignored
+//! without a GPU; run them on the device machine with `--include-ignored`
+//! (scripts/gpu-bundle prints the command).
 //!
 //! NCCL refuses two ranks on one GPU, so the one-GPU tests run a world of one; the
 //! `two_gpus_*` tests need two GPUs and fail on fewer (the device runner skips them by
@@ -13,7 +14,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use comm_core::conformance::{self, Config};
 use comm_core::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use comm_core::cuda::pattern::{all_reduce_reference, fill_host, value};
-use comm_core::cuda::{DeviceMemory, DeviceOwned, PatternKernels, driver_error};
+use comm_core::cuda::stream::is_capturing;
+use comm_core::cuda::{DeviceMemory, DeviceOwned, PatternKernels, driver_error, raw_stream};
 use comm_core::{Communicator, DType, Error, ReduceOp, Result, ThreadsBootstrap, bf16, f16};
 use comm_nccl::NcclComm;
 
@@ -232,10 +234,14 @@ fn graph_of_122_bf16_all_reduces_replays_100_times_correctly() {
     })
     .unwrap();
 
+    // What a selector asks to route a call from eager or graph measurements.
+    let capturing = || is_capturing(raw_stream(&stream)).unwrap();
+    assert!(!capturing());
     stream
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .map_err(driver_error)
         .unwrap();
+    assert!(capturing());
     let captured: Result<()> = sends.iter().zip(recvs.iter_mut()).try_for_each(|(s, r)| {
         comm.all_reduce(s.view(0, COUNT)?, r.view_mut(0, COUNT)?, ReduceOp::Sum)
     });
@@ -245,6 +251,7 @@ fn graph_of_122_bf16_all_reduces_replays_100_times_correctly() {
         .unwrap()
         .expect("the capture recorded a graph");
     captured.unwrap();
+    assert!(!capturing());
 
     let base = fresh_seed();
     let mut bad_host = 0;

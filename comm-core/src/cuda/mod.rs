@@ -15,7 +15,8 @@
 //!   `conformance::run_with_memory(&comm, &DeviceMemory::new(0)?, &config)` runs on the GPU.
 //! - [`enable_peer_access`]: lets one device's kernels reach another device of this
 //!   process (ranks on one thread per GPU).
-//! - [`stream`]: raw stream handles and bounded waits (a wait that can give up).
+//! - [`stream`]: raw stream handles, bounded waits (a wait that can give up) and whether a
+//!   stream is capturing a graph.
 //! - [`kernels`]: the `.cu` registry ([`KernelSource`]), NVRTC compilation to cubin for the
 //!   running device's arch, and the memory + disk cache.
 //! - [`pattern`] / [`PatternKernels`]: deterministic test data made and checked on the

@@ -23,6 +23,20 @@ pub fn cu_stream(stream: RawStream) -> sys::CUstream {
     stream.0 as sys::CUstream
 }
 
+/// Whether `stream` is being captured into a CUDA graph, so that work enqueued on it now
+/// runs at each replay of the graph instead.
+///
+/// An invalidated capture counts as capturing: the stream stays in capture mode until the
+/// capture ends, and what is enqueued meanwhile belongs to the (failed) graph, not to an
+/// eager call. An error when the driver is missing or the handle is not a stream.
+pub fn is_capturing(stream: RawStream) -> Result<bool> {
+    super::probe::driver()?;
+    // SAFETY: the driver is loaded; the query only reads the stream's capture state.
+    let status =
+        unsafe { result::stream::is_capturing(cu_stream(stream)) }.map_err(driver_error)?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 /// Waits until the work enqueued on `stream` so far has finished, or `timeout` passes.
 ///
 /// `check` runs between polls; its error ends the wait. Must not be called while the
