@@ -8,8 +8,8 @@
 //!   through CUDA and NVML (feature `cuda`) and shared by every rank through the bootstrap,
 //!   or loaded from a file for machines that cannot be probed;
 //! - [`CostModel`]: latency + bandwidth + switch contention per algorithm pattern;
-//! - [`TuningTable`]: times measured on this host (`allreduce-perf --tune`), which beat
-//!   the model;
+//! - [`TuningTable`]: times measured on this host (`allreduce-perf --tune`), eager and
+//!   graph-replay times apart ([`Launch`]), which beat the model;
 //! - [`SelectComm`]: a [`comm_core::Communicator`] over several backends that routes each
 //!   call (forced choice > tuning table > cost model > first capable backend), makes the
 //!   same choice on every rank, and [`explains`](SelectComm::explain) it;
@@ -32,4 +32,4 @@ pub use cost::CostModel;
 pub use probe::probe;
 pub use select::{CallInfo, Choice, SelectComm, SelectOptions, Source};
 pub use topology::{Fabric, Link, PciePath, Topology};
-pub use tuning::{Measurement, TuningTable};
+pub use tuning::{Launch, Measurement, TuningTable};

@@ -9,6 +9,11 @@
 //! the call and on state every rank shares (the backends, and rank 0's topology, tuning
 //! table and forced choice, broadcast at construction).
 //!
+//! A device call made while its stream is being captured into a CUDA graph (feature
+//! `cuda`) is routed from the table's graph rows, any other call from its eager rows; where
+//! the table has no row of the call's mode, the cost model decides, as without a table.
+//! [`SelectComm::choose`] takes the mode as part of the [`CallInfo`].
+//!
 //! Ranks route their calls alone, so ranks that disagree about a call can land in
 //! different members and wait there for each other until a member gives up. The fast path
 //! pays nothing for that case; once a member call fails, the ranks exchange what they
@@ -31,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::Memory;
 use crate::cost::CostModel;
 use crate::topology::{Link, Topology};
-use crate::tuning::TuningTable;
+use crate::tuning::{Launch, TuningTable};
 
 mod diagnosis;
 
@@ -78,10 +83,13 @@ pub struct CallInfo {
     pub bytes: usize,
     /// Device memory (true) or host memory.
     pub device: bool,
+    /// Eager, or captured into a CUDA graph (device calls only: a host call runs when it
+    /// is made).
+    pub launch: Launch,
 }
 
 impl CallInfo {
-    /// An all-reduce of `bytes` of `dtype` with `op`.
+    /// An eager all-reduce of `bytes` of `dtype` with `op`.
     pub fn all_reduce(dtype: DType, op: ReduceOp, bytes: usize, device: bool) -> Self {
         CallInfo {
             collective: Collective::AllReduce,
@@ -89,7 +97,13 @@ impl CallInfo {
             op: Some(op),
             bytes,
             device,
+            launch: Launch::Eager,
         }
+    }
+
+    /// The same call, launched as `launch`.
+    pub fn with_launch(self, launch: Launch) -> Self {
+        CallInfo { launch, ..self }
     }
 
     fn location(&self) -> MemoryLocation {
@@ -126,6 +140,8 @@ pub struct Choice {
     pub algorithm: Option<String>,
     /// Which authority decided.
     pub source: Source,
+    /// The launch mode the call was routed for.
+    pub launch: Launch,
     /// Why, in words (with measured or predicted times).
     pub reason: String,
     index: usize,
@@ -293,17 +309,13 @@ impl SelectComm {
 
     /// A readable account of the choice for `call`, with the alternatives considered.
     pub fn explain(&self, call: &CallInfo) -> String {
+        let what = format!(
+            "{} of {} B {}, {} launch",
+            call.collective, call.bytes, call.dtype, call.launch
+        );
         let mut out = match self.choose(call) {
-            Ok(c) => format!(
-                "{} of {} B {}: {c}",
-                call.collective, call.bytes, call.dtype
-            ),
-            Err(e) => {
-                return format!(
-                    "{} of {} B {}: no backend: {e}",
-                    call.collective, call.bytes, call.dtype
-                );
-            }
+            Ok(c) => format!("{what}: {c}"),
+            Err(e) => return format!("{what}: no backend: {e}"),
         };
         let predictions: Vec<String> = self
             .candidates(call)
@@ -391,6 +403,7 @@ impl SelectComm {
             backend: name(index),
             algorithm,
             source,
+            launch: call.launch,
             reason,
             index,
         };
@@ -424,19 +437,31 @@ impl SelectComm {
             } else {
                 Memory::Host
             };
-            if let Some(t) = table.best(call.collective, call.dtype, call.bytes, memory, accept) {
+            let tuned = table.best(
+                call.collective,
+                call.dtype,
+                call.bytes,
+                memory,
+                call.launch,
+                accept,
+            );
+            if let Some(t) = tuned {
                 let hit = candidates
                     .iter()
                     .find(|(i, a)| name(*i) == t.backend && *a == t.algorithm)
                     .cloned()
                     .expect("accepted candidates exist");
-                let mut reason = format!("measured {:.1} us at {} B", t.time_us, t.measured_bytes);
+                let mut reason = format!(
+                    "measured {:.1} us at {} B, {}",
+                    t.time_us, t.measured_bytes, call.launch
+                );
                 if let Some((other, time)) = &t.runner_up {
                     reason.push_str(&format!(", next {other} {time:.1} us"));
                 }
                 notes.push(reason);
                 return Ok(make(hit, Source::Tuning, notes.join("; ")));
             }
+            notes.push(format!("no {} measurement fits", call.launch));
         }
         let predicted = candidates
             .iter()
@@ -507,6 +532,7 @@ impl SelectComm {
             op: call.op,
             bytes: call.send_bytes(),
             device: !location.is_host(),
+            launch: launch_of(&location),
         };
         let (member, result) = match self.route(info) {
             Ok((member, comm)) => (Some(member), run(comm)),
@@ -526,6 +552,24 @@ impl SelectComm {
                 e,
             )),
         }
+    }
+}
+
+/// How a call on `location` runs: a device call whose stream is capturing runs in the
+/// graph's replays. One driver query, no allocation.
+fn launch_of(location: &MemoryLocation) -> Launch {
+    match location {
+        #[cfg(feature = "cuda")]
+        MemoryLocation::Device { stream, .. } => {
+            match comm_core::cuda::stream::is_capturing(*stream) {
+                Ok(true) => Launch::Graph,
+                Ok(false) => Launch::Eager,
+                // A stream the driver cannot query fails in whichever member gets the
+                // call, with that member's own error: the eager route is as good as any.
+                Err(_) => Launch::Eager,
+            }
+        }
+        _ => Launch::Eager,
     }
 }
 

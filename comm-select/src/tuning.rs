@@ -4,16 +4,21 @@
 //! `allreduce-perf --tune FILE` writes one (JSON, documented in the README):
 //!
 //! ```json
-//! { "version": 2, "world_size": 8, "fabric": "nvlink", "note": "...",
+//! { "version": 3, "world_size": 8, "fabric": "nvlink", "note": "...",
 //!   "measurements": [
 //!     { "collective": "all_reduce", "dtype": "bf16", "bytes": 43008, "memory": "device",
-//!       "backend": "ipc", "algorithm": "oneshot-push", "time_us": 4.1 } ] }
+//!       "launch": "graph", "backend": "ipc", "algorithm": "oneshot-push", "time_us": 4.1 } ] }
 //! ```
 //!
 //! Version 1 tables (no `memory`) still load; their measurements apply to either memory.
+//! Versions 1 and 2 (no `launch`) were measured with eager calls only, so their rows are
+//! [`Launch::Eager`].
 //!
 //! A lookup takes the measured size nearest to the call's (in log scale) and, among the
-//! candidates the caller accepts, the fastest measured there.
+//! candidates the caller accepts, the fastest measured there. It only looks at rows of the
+//! call's launch mode: the fastest backend of a graph replay is often not the fastest of an
+//! eager call (launch and host work are paid once per graph, not per call), so an eager time
+//! is no evidence for a graph call, nor the other way round.
 
 use std::path::Path;
 
@@ -23,7 +28,34 @@ use serde::{Deserialize, Serialize};
 use crate::backend::Memory;
 
 /// Format version written by this crate.
-pub const TUNING_VERSION: u32 = 2;
+pub const TUNING_VERSION: u32 = 3;
+
+/// How a measured (or routed) call was launched.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Launch {
+    /// Called from the host and run as it is enqueued.
+    #[default]
+    Eager,
+    /// Captured into a CUDA graph and run by its replays.
+    Graph,
+}
+
+impl Launch {
+    /// `eager` or `graph`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Launch::Eager => "eager",
+            Launch::Graph => "graph",
+        }
+    }
+}
+
+impl std::fmt::Display for Launch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// One measured time.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -37,6 +69,9 @@ pub struct Measurement {
     /// Where the buffers lived; `None` (version 1 tables): applies to either.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Memory>,
+    /// How the timed calls were launched; absent (versions 1 and 2): eager.
+    #[serde(default)]
+    pub launch: Launch,
     /// Backend name.
     pub backend: String,
     /// Algorithm name, if the backend has several.
@@ -122,19 +157,21 @@ impl TuningTable {
     }
 
     /// The fastest accepted candidate at the measured size nearest to `bytes`, among
-    /// measurements of `memory`. Prefers measurements of the same dtype; falls back to any
-    /// dtype.
+    /// measurements of `memory` launched as `launch`. Prefers measurements of the same
+    /// dtype; falls back to any dtype, never to the other launch mode.
     pub fn best(
         &self,
         collective: Collective,
         dtype: DType,
         bytes: usize,
         memory: Memory,
+        launch: Launch,
         accept: impl Fn(&str, Option<&str>) -> bool,
     ) -> Option<TunedChoice> {
         let usable = |m: &&Measurement| {
             m.collective == collective.name()
                 && m.memory.is_none_or(|k| k == memory)
+                && m.launch == launch
                 && accept(&m.backend, m.algorithm.as_deref())
                 && m.time_us.is_finite()
         };
@@ -195,6 +232,7 @@ mod tests {
             dtype: "bf16".into(),
             bytes,
             memory: Some(Memory::Device),
+            launch: Launch::Eager,
             backend: backend.into(),
             algorithm: algorithm.map(String::from),
             time_us,
@@ -221,6 +259,7 @@ mod tests {
                 DType::BF16,
                 42 << 10,
                 Memory::Device,
+                Launch::Eager,
                 |_, _| true,
             )
             .unwrap();
@@ -235,6 +274,7 @@ mod tests {
                 DType::F32,
                 128 << 20,
                 Memory::Device,
+                Launch::Eager,
                 |_, _| true,
             )
             .unwrap();
@@ -245,6 +285,7 @@ mod tests {
                 DType::BF16,
                 42 << 10,
                 Memory::Device,
+                Launch::Eager,
                 |b, _| b != "ipc",
             )
             .unwrap();
@@ -255,6 +296,7 @@ mod tests {
                 DType::BF16,
                 1,
                 Memory::Device,
+                Launch::Eager,
                 |_, _| true
             )
             .is_none()
@@ -266,6 +308,7 @@ mod tests {
                 DType::BF16,
                 1,
                 Memory::Host,
+                Launch::Eager,
                 |_, _| true
             )
             .is_none()
@@ -276,9 +319,99 @@ mod tests {
     fn json_round_trip_and_version_check() {
         let t = table();
         assert_eq!(TuningTable::from_json(&t.to_json()).unwrap(), t);
-        let future = t.to_json().replace("\"version\": 2", "\"version\": 99");
+        let current = format!("\"version\": {TUNING_VERSION}");
+        assert!(t.to_json().contains(&current));
+        let future = t.to_json().replace(&current, "\"version\": 99");
         assert!(TuningTable::from_json(&future).is_err());
         assert!(TuningTable::from_json("{").is_err());
+    }
+
+    fn best_of(t: &TuningTable, launch: Launch) -> Option<TunedChoice> {
+        t.best(
+            Collective::AllReduce,
+            DType::BF16,
+            42 << 10,
+            Memory::Device,
+            launch,
+            |_, _| true,
+        )
+    }
+
+    /// Eager: nccl wins; in a graph, where launch cost is paid once per replay, ipc does.
+    fn two_modes() -> TuningTable {
+        let mut t = TuningTable::new(2, "nvlink", "test");
+        let graph = |mut m: Measurement| {
+            m.launch = Launch::Graph;
+            m
+        };
+        t.measurements = vec![
+            m(42 << 10, "nccl", None, 12.0),
+            m(42 << 10, "ipc", Some("oneshot-push"), 30.0),
+            graph(m(42 << 10, "nccl", None, 8.8)),
+            graph(m(42 << 10, "ipc", Some("oneshot-push"), 4.0)),
+        ];
+        t
+    }
+
+    #[test]
+    fn each_launch_mode_reads_only_its_own_rows() {
+        let t = two_modes();
+        let eager = best_of(&t, Launch::Eager).unwrap();
+        assert_eq!((eager.backend.as_str(), eager.time_us), ("nccl", 12.0));
+        assert_eq!(eager.runner_up, Some(("ipc:oneshot-push".into(), 30.0)));
+        let graph = best_of(&t, Launch::Graph).unwrap();
+        assert_eq!((graph.backend.as_str(), graph.time_us), ("ipc", 4.0));
+        assert_eq!(graph.runner_up, Some(("nccl".into(), 8.8)));
+    }
+
+    #[test]
+    fn a_graph_call_never_reads_eager_rows() {
+        // Eager rows at every size, graph rows of another collective only.
+        let mut t = table();
+        let mut gather = m(42 << 10, "ipc", None, 1.0);
+        gather.collective = "all_gather".into();
+        gather.launch = Launch::Graph;
+        t.measurements.push(gather);
+        assert!(best_of(&t, Launch::Eager).is_some());
+        assert!(best_of(&t, Launch::Graph).is_none());
+    }
+
+    #[test]
+    fn versions_1_and_2_load_as_eager() {
+        let row = |memory: &str| {
+            format!(
+                r#"{{ "collective": "all_reduce", "dtype": "bf16", "bytes": 43008, {memory}
+                   "backend": "nccl", "time_us": 11.0 }}"#
+            )
+        };
+        for (version, memory) in [(1, ""), (2, r#""memory": "device","#)] {
+            let text = format!(
+                r#"{{ "version": {version}, "world_size": 2, "measurements": [{}] }}"#,
+                row(memory)
+            );
+            let t = TuningTable::from_json(&text).unwrap();
+            assert_eq!(t.measurements[0].launch, Launch::Eager, "version {version}");
+            assert_eq!(best_of(&t, Launch::Eager).unwrap().backend, "nccl");
+            assert!(best_of(&t, Launch::Graph).is_none(), "version {version}");
+        }
+    }
+
+    #[test]
+    fn a_table_of_both_modes_survives_save_and_load() {
+        let t = two_modes();
+        let path = std::env::temp_dir().join(format!(
+            "comm-select-tuning-{}-{:?}.json",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        t.save(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let loaded = TuningTable::load(&path);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(loaded.unwrap(), t);
+        // Eager rows say so: a reader need not know the default.
+        assert_eq!(text.matches("\"launch\": \"eager\"").count(), 2, "{text}");
+        assert_eq!(text.matches("\"launch\": \"graph\"").count(), 2, "{text}");
     }
 }
 
@@ -297,6 +430,8 @@ mod shipped_tables {
             for m in &table.measurements {
                 let id: crate::BackendId = m.backend.parse().unwrap();
                 assert_eq!(m.memory, Some(id.memory()), "{}", path.display());
+                // Measured before graph replays were timed.
+                assert_eq!(m.launch, Launch::Eager, "{}", path.display());
             }
         }
     }

@@ -6,7 +6,9 @@ use comm_core::conformance::{self, After, Config, Disagreement, HostMemory};
 use comm_core::{
     Bootstrap, Communicator, CommunicatorExt, DType, Error, LocalComm, ReduceOp, ThreadsBootstrap,
 };
-use comm_select::{CallInfo, Measurement, Memory, SelectComm, SelectOptions, Source, TuningTable};
+use comm_select::{
+    CallInfo, Launch, Measurement, Memory, SelectComm, SelectOptions, Source, TuningTable,
+};
 use comm_symm::SymmComm;
 
 /// Runs `body` on `world` threads, each with a SelectComm over [local, symm] built with
@@ -110,23 +112,15 @@ fn falls_back_when_the_forced_backend_cannot_do_the_call() {
 
 #[test]
 fn a_tuning_table_overrides_the_cost_model() {
-    let options = |_| {
-        let mut table = TuningTable::new(2, "host", "test");
-        for (backend, algorithm, t) in [("local", None, 1.0), ("symm", Some("lamport"), 9.0)] {
-            table.measurements.push(Measurement {
-                collective: "all_reduce".into(),
-                dtype: "f32".into(),
-                bytes: 4096,
-                memory: Some(Memory::Host),
-                backend: backend.into(),
-                algorithm: algorithm.map(String::from),
-                time_us: t,
-            });
-        }
-        SelectOptions {
-            tuning: Some(table),
-            ..SelectOptions::default()
-        }
+    let options = |_| SelectOptions {
+        tuning: Some(table_of(
+            4096,
+            &[
+                (Launch::Eager, "local", None, 1.0),
+                (Launch::Eager, "symm", Some("lamport"), 9.0),
+            ],
+        )),
+        ..SelectOptions::default()
     };
     let out = with_select(2, options, |s| {
         let tuned = s
@@ -148,6 +142,92 @@ fn a_tuning_table_overrides_the_cost_model() {
             "{c}"
         );
         assert!(c.reason.contains("measured 1.0 us"), "{c}");
+    }
+}
+
+/// A table of `(launch, backend, algorithm, time_us)` rows, all-reduces of `bytes` of f32
+/// in host memory.
+fn table_of(bytes: usize, rows: &[(Launch, &str, Option<&str>, f64)]) -> TuningTable {
+    let mut table = TuningTable::new(2, "host", "test");
+    for &(launch, backend, algorithm, time_us) in rows {
+        table.measurements.push(Measurement {
+            collective: "all_reduce".into(),
+            dtype: "f32".into(),
+            bytes,
+            memory: Some(Memory::Host),
+            launch,
+            backend: backend.into(),
+            algorithm: algorithm.map(String::from),
+            time_us,
+        });
+    }
+    table
+}
+
+#[test]
+fn each_launch_mode_is_routed_from_its_own_rows() {
+    let options = |_| SelectOptions {
+        tuning: Some(table_of(
+            4096,
+            &[
+                (Launch::Eager, "local", None, 1.0),
+                (Launch::Eager, "symm", Some("lamport"), 9.0),
+                (Launch::Graph, "local", None, 8.0),
+                (Launch::Graph, "symm", Some("lamport"), 2.0),
+            ],
+        )),
+        ..SelectOptions::default()
+    };
+    let out = with_select(2, options, |s| {
+        let eager = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 4000, false);
+        let graph = eager.with_launch(Launch::Graph);
+        let choices = (s.choose(&eager).unwrap(), s.choose(&graph).unwrap());
+        (choices, s.explain(&graph))
+    });
+    for ((eager, graph), explain) in out {
+        assert_eq!(
+            (eager.label().as_str(), eager.source, eager.launch),
+            ("local", Source::Tuning, Launch::Eager),
+            "{eager}"
+        );
+        assert!(eager.reason.contains("measured 1.0 us"), "{eager}");
+        assert_eq!(
+            (graph.label().as_str(), graph.source, graph.launch),
+            ("symm:lamport", Source::Tuning, Launch::Graph),
+            "{graph}"
+        );
+        assert!(graph.reason.contains("measured 2.0 us"), "{graph}");
+        assert!(explain.contains("graph launch"), "{explain}");
+        assert!(explain.contains("symm:lamport"), "{explain}");
+    }
+}
+
+#[test]
+fn a_graph_call_without_graph_rows_goes_to_the_cost_model() {
+    // Eager rows say local; the cost model says symm at this size.
+    let options = |_| SelectOptions {
+        tuning: Some(table_of(
+            43008,
+            &[
+                (Launch::Eager, "local", None, 1.0),
+                (Launch::Eager, "symm", None, 9.0),
+            ],
+        )),
+        ..SelectOptions::default()
+    };
+    let out = with_select(2, options, |s| {
+        let eager = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 43008, false);
+        let graph = eager.with_launch(Launch::Graph);
+        (s.choose(&eager).unwrap(), s.choose(&graph).unwrap())
+    });
+    for (eager, graph) in out {
+        assert_eq!(
+            (eager.backend.as_str(), eager.source),
+            ("local", Source::Tuning)
+        );
+        assert_eq!(graph.source, Source::CostModel, "{graph}");
+        assert_eq!(graph.backend, "symm", "{graph}");
+        assert!(graph.reason.contains("no graph measurement"), "{graph}");
     }
 }
 

@@ -64,8 +64,8 @@ OPTIONS:
                          date, parameters}, \"results\": [...]}
     --csv FILE           write the results as CSV
     --plot FILE.svg      plot latency and bus bandwidth against size (SVG)
-    --tune FILE          write the times as a comm-select tuning table (JSON), which
-                         SelectComm (backend `auto`) reads from COMM_TUNING
+    --tune FILE          write the times (of eager calls) as a comm-select tuning table
+                         (JSON), which SelectComm (backend `auto`) reads from COMM_TUNING
     -h, --help           print this help
 
 Columns: time is the median over iterations of each rank's time, then the maximum over

@@ -7,6 +7,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use comm_select::Launch;
+
 use super::meta::RunInfo;
 
 /// The measurement of one size on one backend: out of place and in place, as nccl-tests
@@ -31,6 +33,9 @@ pub struct Row {
     pub count: u64,
     /// Timed iterations of each placement.
     pub iters: usize,
+    /// How the timed calls were launched; files written before graph timing: eager.
+    #[serde(default)]
+    pub launch: Launch,
     /// Separate send and receive buffers; `None` when not measured (`--in-place`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub out_of_place: Option<Timing>,

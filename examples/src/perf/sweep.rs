@@ -23,6 +23,8 @@ use comm_core::{
 };
 
 use super::data::{Inputs, Value, fingerprint, mix64, poison};
+use comm_select::Launch;
+
 use super::report::{Row, Timing, algbw, busbw};
 use crate::backends::RankContext;
 use crate::launch::run_threads;
@@ -610,6 +612,8 @@ impl Run<'_> {
             bytes: point.bytes,
             count: point.count as u64,
             iters,
+            // Every sweep times calls as they are made; graph replays are not timed yet.
+            launch: Launch::Eager,
             out_of_place,
             in_place,
             choice: self.selector.map(|s| {

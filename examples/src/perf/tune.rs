@@ -4,7 +4,8 @@
 //! nearest size; this writes what it reads (`COMM_TUNING=FILE`), in `comm-select`'s own
 //! type so that the two cannot drift apart. Rows that failed the check are left out (a
 //! fast wrong answer must never win), and so is `auto` itself, whose time is whatever it
-//! picked.
+//! picked. Each measurement keeps its row's launch mode (eager, or graph replay), which
+//! the selector matches against the call's.
 
 use comm_core::Collective;
 use comm_select::{BackendId, Measurement, TuningTable};
@@ -25,6 +26,7 @@ pub fn tuning_table(rows: &[Row], note: &str) -> TuningTable {
             dtype: r.dtype.clone(),
             bytes: r.bytes as usize,
             memory: r.backend.parse::<BackendId>().ok().map(BackendId::memory),
+            launch: r.launch,
             backend: r.backend.clone(),
             algorithm: r.algorithm.clone(),
             time_us,
@@ -38,7 +40,7 @@ mod tests {
     use super::*;
     use crate::perf::report::Timing;
     use comm_core::DType;
-    use comm_select::Memory;
+    use comm_select::{Launch, Memory};
 
     fn row(backend: &str, algorithm: Option<&str>, bytes: u64, time_us: f64) -> Row {
         Row {
@@ -51,6 +53,7 @@ mod tests {
             bytes,
             count: bytes / 2,
             iters: 20,
+            launch: Launch::Eager,
             out_of_place: Some(Timing {
                 time_us,
                 algbw: 0.0,
@@ -86,6 +89,7 @@ mod tests {
                 DType::BF16,
                 1000,
                 Memory::Host,
+                Launch::Eager,
                 |_, _| true,
             )
             .unwrap();
@@ -97,8 +101,34 @@ mod tests {
             DType::BF16,
             1000,
             Memory::Device,
+            Launch::Eager,
             |_, _| true,
         );
         assert!(device.is_none());
+    }
+
+    #[test]
+    fn the_launch_mode_comes_from_the_row() {
+        let mut graph = row("symm", Some("lamport"), 1024, 2.0);
+        graph.launch = Launch::Graph;
+        let rows = vec![row("symm", Some("oneshot"), 1024, 9.0), graph];
+        let table = tuning_table(&rows, "test");
+        let launches: Vec<Launch> = table.measurements.iter().map(|m| m.launch).collect();
+        assert_eq!(launches, [Launch::Eager, Launch::Graph]);
+        let best = |launch| {
+            table
+                .best(
+                    Collective::AllReduce,
+                    DType::BF16,
+                    1024,
+                    Memory::Host,
+                    launch,
+                    |_, _| true,
+                )
+                .unwrap()
+                .algorithm
+        };
+        assert_eq!(best(Launch::Eager).as_deref(), Some("oneshot"));
+        assert_eq!(best(Launch::Graph).as_deref(), Some("lamport"));
     }
 }

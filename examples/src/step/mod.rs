@@ -294,12 +294,19 @@ fn run_backend(ctx: &RankContext, cfg: &Config, name: &str) -> Result<(Timing, O
     let slowest = all.iter().map(|b| field(b, 0)).fold(0.0, f64::max);
     let wrong: f64 = all.iter().map(|b| field(b, 1)).sum();
     let choice = selector.map(|s| {
+        // Inside the step's graph the selector routes from the graph rows: report that.
+        let launch = if timing.graph {
+            comm_select::Launch::Graph
+        } else {
+            comm_select::Launch::Eager
+        };
         let call = comm_select::CallInfo::all_reduce(
             cfg.dtype,
             comm_core::ReduceOp::Sum,
             cfg.count * cfg.dtype.size(),
             on_device,
-        );
+        )
+        .with_launch(launch);
         match s.choose(&call) {
             Ok(c) => format!("{} ({:?})", c.label(), c.source),
             Err(e) => format!("none ({e})"),
