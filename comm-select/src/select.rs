@@ -11,7 +11,9 @@
 //!
 //! A device call made while its stream is being captured into a CUDA graph (feature
 //! `cuda`) is routed from the table's graph rows, any other call from its eager rows; where
-//! the table has no row of the call's mode, the cost model decides, as without a table.
+//! no row of the call's mode fits, the cost model decides, as without a table. A table with
+//! no graph row at all (measured eagerly only) answers graph calls from its eager rows, so
+//! that such tables route captured calls as they did before tables knew modes.
 //! [`SelectComm::choose`] takes the mode as part of the [`CallInfo`].
 //!
 //! Ranks route their calls alone, so ranks that disagree about a call can land in
@@ -437,12 +439,13 @@ impl SelectComm {
             } else {
                 Memory::Host
             };
+            let rows = table.answering(call.launch);
             let tuned = table.best(
                 call.collective,
                 call.dtype,
                 call.bytes,
                 memory,
-                call.launch,
+                rows,
                 accept,
             );
             if let Some(t) = tuned {
@@ -452,9 +455,12 @@ impl SelectComm {
                     .cloned()
                     .expect("accepted candidates exist");
                 let mut reason = format!(
-                    "measured {:.1} us at {} B, {}",
-                    t.time_us, t.measured_bytes, call.launch
+                    "measured {:.1} us at {} B, {rows}",
+                    t.time_us, t.measured_bytes
                 );
+                if rows != call.launch {
+                    reason.push_str(&format!(" (the table has no {} rows)", call.launch));
+                }
                 if let Some((other, time)) = &t.runner_up {
                     reason.push_str(&format!(", next {other} {time:.1} us"));
                 }

@@ -156,6 +156,18 @@ impl TuningTable {
         Ok(())
     }
 
+    /// The mode whose rows answer a call launched as `launch`: its own, except that a table
+    /// without a single graph row (measured eagerly only, as every table of versions 1 and 2)
+    /// answers graph calls from its eager rows, as it did before tables knew modes.
+    pub fn answering(&self, launch: Launch) -> Launch {
+        let has_graph_rows = self.measurements.iter().any(|m| m.launch == Launch::Graph);
+        if launch == Launch::Graph && !has_graph_rows {
+            Launch::Eager
+        } else {
+            launch
+        }
+    }
+
     /// The fastest accepted candidate at the measured size nearest to `bytes`, among
     /// measurements of `memory` launched as `launch`. Prefers measurements of the same
     /// dtype; falls back to any dtype, never to the other launch mode.
@@ -374,6 +386,7 @@ mod tests {
         t.measurements.push(gather);
         assert!(best_of(&t, Launch::Eager).is_some());
         assert!(best_of(&t, Launch::Graph).is_none());
+        assert_eq!(t.answering(Launch::Graph), Launch::Graph);
     }
 
     #[test]
@@ -393,6 +406,12 @@ mod tests {
             assert_eq!(t.measurements[0].launch, Launch::Eager, "version {version}");
             assert_eq!(best_of(&t, Launch::Eager).unwrap().backend, "nccl");
             assert!(best_of(&t, Launch::Graph).is_none(), "version {version}");
+            // Without graph rows, graph calls are answered from the eager ones.
+            assert_eq!(
+                t.answering(Launch::Graph),
+                Launch::Eager,
+                "version {version}"
+            );
         }
     }
 

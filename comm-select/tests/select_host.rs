@@ -203,8 +203,7 @@ fn each_launch_mode_is_routed_from_its_own_rows() {
 }
 
 #[test]
-fn a_graph_call_without_graph_rows_goes_to_the_cost_model() {
-    // Eager rows say local; the cost model says symm at this size.
+fn a_table_without_graph_rows_answers_graph_calls_from_its_eager_rows() {
     let options = |_| SelectOptions {
         tuning: Some(table_of(
             43008,
@@ -214,6 +213,40 @@ fn a_graph_call_without_graph_rows_goes_to_the_cost_model() {
             ],
         )),
         ..SelectOptions::default()
+    };
+    let out = with_select(2, options, |s| {
+        let graph = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 43008, false)
+            .with_launch(Launch::Graph);
+        s.choose(&graph).unwrap()
+    });
+    for graph in out {
+        assert_eq!(
+            (graph.backend.as_str(), graph.source),
+            ("local", Source::Tuning),
+            "{graph}"
+        );
+        assert!(graph.reason.contains("no graph rows"), "{graph}");
+    }
+}
+
+#[test]
+fn a_graph_call_without_a_fitting_graph_row_goes_to_the_cost_model() {
+    // Eager rows say local; the table's one graph row is of another collective; the cost
+    // model says symm at this size.
+    let options = |_| {
+        let mut table = table_of(
+            43008,
+            &[
+                (Launch::Eager, "local", None, 1.0),
+                (Launch::Eager, "symm", None, 9.0),
+                (Launch::Graph, "local", None, 1.0),
+            ],
+        );
+        table.measurements[2].collective = "all_gather".into();
+        SelectOptions {
+            tuning: Some(table),
+            ..SelectOptions::default()
+        }
     };
     let out = with_select(2, options, |s| {
         let eager = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 43008, false);
