@@ -12,6 +12,7 @@
 
 use std::process::ExitCode;
 
+use comm_examples::gpu::args;
 use comm_examples::gpu::bench::{Options, run};
 use comm_peer::Algorithm;
 use comm_symm::cuda::Backing;
@@ -60,44 +61,22 @@ fn parse() -> Result<Option<Options>, String> {
     };
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
-        let number = |v: String, what: &str| -> Result<usize, String> {
-            v.parse()
-                .map_err(|_| format!("{what}: a number, got `{v}`"))
-        };
         match arg {
-            Long("backend") => {
-                backend = Some(value(&mut parser)?.parse().map_err(|e| format!("{e}"))?)
-            }
-            Long("algo") | Long("algos") => {
-                opts.algos = value(&mut parser)?
-                    .split(',')
-                    .map(str::parse)
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| format!("{e}"))?;
-            }
-            Long("ranks") => opts.ranks = Some(number(value(&mut parser)?, "--ranks")?),
+            Long("backend") => backend = Some(args::backend(&mut parser)?),
+            Long("algo") | Long("algos") => opts.algos = args::algorithms(&mut parser)?,
+            Long("ranks") => opts.ranks = Some(args::number(&mut parser, "--ranks")?),
             Long("procs") => opts.ranks = None,
-            Long("iters") => opts.iters = number(value(&mut parser)?, "--iters")?.max(1),
-            Long("batch") => opts.batch = number(value(&mut parser)?, "--batch")?.max(1),
-            Long("threads") => opts.threads = number(value(&mut parser)?, "--threads")? as u32,
+            Long("iters") => opts.iters = args::number(&mut parser, "--iters")?.max(1),
+            Long("batch") => opts.batch = args::number(&mut parser, "--batch")?.max(1),
+            Long("threads") => opts.threads = args::number(&mut parser, "--threads")? as u32,
             Long("max-blocks") => {
-                opts.max_blocks = Some(number(value(&mut parser)?, "--max-blocks")? as u32)
+                opts.max_blocks = Some(args::number(&mut parser, "--max-blocks")? as u32)
             }
-            Long("backing") => {
-                opts.backing = Backing::parse(&value(&mut parser)?).map_err(|e| format!("{e}"))?
-            }
+            Long("backing") => opts.backing = args::backing(&mut parser)?,
             Short('h') | Long("help") => return Ok(None),
             other => return Err(other.unexpected().to_string()),
         }
     }
     opts.backend = backend.ok_or("--backend is required")?;
     Ok(Some(opts))
-}
-
-fn value(parser: &mut lexopt::Parser) -> Result<String, String> {
-    parser
-        .value()
-        .map_err(|e| e.to_string())?
-        .into_string()
-        .map_err(|v| format!("not text: {v:?}"))
 }

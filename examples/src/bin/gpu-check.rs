@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use comm_core::{Bootstrap, EnvBootstrap, ThreadsBootstrap};
+use comm_examples::gpu::args;
 use comm_examples::gpu::check::{Options, run_rank};
 use comm_peer::Algorithm;
 use comm_symm::cuda::Backing;
@@ -78,34 +79,12 @@ fn parse() -> Result<Option<(Options, Option<usize>)>, String> {
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         match arg {
-            Long("backend") => {
-                backend = Some(value(&mut parser)?.parse().map_err(|e| format!("{e}"))?)
-            }
-            Long("algo") | Long("algos") => {
-                opts.algos = value(&mut parser)?
-                    .split(',')
-                    .map(str::parse)
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| format!("{e}"))?;
-            }
+            Long("backend") => backend = Some(args::backend(&mut parser)?),
+            Long("algo") | Long("algos") => opts.algos = args::algorithms(&mut parser)?,
             Long("quick") => opts.quick = true,
-            Long("cycles") => {
-                cycles = Some(
-                    value(&mut parser)?
-                        .parse()
-                        .map_err(|_| "--cycles: a number")?,
-                )
-            }
-            Long("backing") => {
-                opts.backing = Backing::parse(&value(&mut parser)?).map_err(|e| format!("{e}"))?
-            }
-            Long("ranks") => {
-                ranks = Some(
-                    value(&mut parser)?
-                        .parse()
-                        .map_err(|_| "--ranks: a number")?,
-                )
-            }
+            Long("cycles") => cycles = Some(args::number(&mut parser, "--cycles")?),
+            Long("backing") => opts.backing = args::backing(&mut parser)?,
+            Long("ranks") => ranks = Some(args::number(&mut parser, "--ranks")?),
             Short('h') | Long("help") => return Ok(None),
             other => return Err(other.unexpected().to_string()),
         }
@@ -113,12 +92,4 @@ fn parse() -> Result<Option<(Options, Option<usize>)>, String> {
     opts.backend = backend.ok_or("--backend is required")?;
     opts.cycles = cycles.unwrap_or(if opts.quick { 100 } else { 1000 });
     Ok(Some((opts, ranks)))
-}
-
-fn value(parser: &mut lexopt::Parser) -> Result<String, String> {
-    parser
-        .value()
-        .map_err(|e| e.to_string())?
-        .into_string()
-        .map_err(|v| format!("not text: {v:?}"))
 }

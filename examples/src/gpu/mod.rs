@@ -1,6 +1,7 @@
 //! The device checker (`gpu-check`) and bench (`gpu-bench`) of the GPU backends built on the
 //! peer-memory layer: one program each drives every backend (`--backend ipc|symm-cuda`).
 
+pub mod args;
 pub mod bench;
 pub mod check;
 pub mod data;
