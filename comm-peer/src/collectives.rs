@@ -95,13 +95,9 @@ impl PeerComm {
         }
         let (inputs, in_off) = plan.zero_copy.unwrap_or((0, 0));
         let args = PeerArgs {
-            input: send_addr,
-            output: recv_addr,
             inputs,
             in_off,
-            count: count as u64,
-            aligned: u32::from(send_addr % 16 == 0 && recv_addr % 16 == 0),
-            ..self.args()
+            ..self.io_args(send_addr, recv_addr, count as u64)
         };
         let op = call.op.unwrap_or(ReduceOp::Sum);
         self.group.launch(
@@ -125,14 +121,7 @@ impl PeerComm {
         if bytes == 0 {
             return Ok(());
         }
-        let (input, output) = (send.addr() as u64, recv.addr() as u64);
-        let args = PeerArgs {
-            input,
-            output,
-            count: bytes as u64,
-            aligned: u32::from(input % 16 == 0 && output % 16 == 0),
-            ..self.args()
-        };
+        let args = self.io_args(send.addr() as u64, recv.addr() as u64, bytes as u64);
         self.group.launch(
             "peer_all_gather",
             self.grid(bytes.div_ceil(16)),
@@ -159,14 +148,7 @@ impl PeerComm {
         if count == 0 {
             return Ok(());
         }
-        let (input, output) = (send.addr() as u64, recv.addr() as u64);
-        let args = PeerArgs {
-            input,
-            output,
-            count: count as u64,
-            aligned: u32::from(input % 16 == 0 && output % 16 == 0),
-            ..self.args()
-        };
+        let args = self.io_args(send.addr() as u64, recv.addr() as u64, count as u64);
         let work = count.div_ceil(16 / call.dtype.size());
         self.group.launch(
             &reduce_scatter_kernel(call.dtype, op),
@@ -191,12 +173,8 @@ impl PeerComm {
         }
         let addr = buf.addr() as u64;
         let args = PeerArgs {
-            input: addr,
-            output: addr,
-            count: bytes as u64,
             root: root as u32,
-            aligned: u32::from(addr % 16 == 0),
-            ..self.args()
+            ..self.io_args(addr, addr, bytes as u64)
         };
         self.group.launch(
             "peer_broadcast",

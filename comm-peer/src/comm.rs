@@ -304,6 +304,18 @@ impl PeerComm {
     }
 
     /// The kernel arguments of every collective launch.
+    /// [`Self::args`] for a call that reads `count` from `input` and writes `output`;
+    /// `aligned` says whether both allow 16-byte vector access.
+    pub(crate) fn io_args(&self, input: u64, output: u64, count: u64) -> PeerArgs {
+        PeerArgs {
+            input,
+            output,
+            count,
+            aligned: u32::from(input % 16 == 0 && output % 16 == 0),
+            ..self.args()
+        }
+    }
+
     pub(crate) fn args(&self) -> PeerArgs {
         let l = &self.layout;
         PeerArgs {
