@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use comm_core::conformance::{self, Config};
 use comm_core::cuda::DeviceMemory;
-use comm_core::{Bootstrap, Error, ThreadsBootstrap};
+use comm_core::{Bootstrap, Communicator, Error, ThreadsBootstrap};
 use comm_ipc::{Algorithm, IpcComm, IpcConfig};
 
 fn on_threads<R: Send + 'static>(
@@ -53,8 +53,7 @@ fn conformance_of_every_algorithm_on_in_process_ranks() {
 /// One rank thread more than there are GPUs, so that two ranks share a GPU in one process
 /// while the others drive their own.
 #[test]
-#[ignore = "needs 2 GPUs; hangs intermittently (2 x H200, 2026-11-30: 2 of 3 runs), see \
-            BENCHMARKS.md 'Ranks sharing a GPU in one process'"]
+#[ignore = "needs 2 GPUs"]
 fn conformance_of_every_algorithm_with_ranks_sharing_a_gpu() {
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     assert!(gpus >= 2, "needs 2 GPUs, found {gpus}");
@@ -81,6 +80,8 @@ fn conformance_of_every_algorithm(world: usize) {
             };
             conformance::run_with_memory(&comm, &memory, &suite)
                 .map_err(|f| Error::Mismatch(f.to_string()))
+                // At once, not at the join: a rank that fails first says why the others wait.
+                .inspect_err(|e| eprintln!("{algo}, world {world}, rank {}: {e}", comm.rank()))
         });
         for r in reports {
             r.unwrap_or_else(|e| panic!("{algo} on {world} ranks: {e}"));

@@ -27,6 +27,11 @@ use crate::zero_copy::{PeerBuffer, Registry};
 ///
 /// Calls enqueue one kernel on the buffers' stream and return; nothing synchronises, so
 /// calls can be captured into CUDA graphs. [`PeerComm::synchronize`] waits, bounded.
+///
+/// Dropping is collective, as destroying an NCCL communicator is: every rank first
+/// synchronises the streams of its calls, then drops. The drop waits (bounded by the
+/// bootstrap's timeout) until every rank has arrived before this rank's region is released,
+/// since a peer's last kernel may still read or write it.
 pub struct PeerComm {
     pub(crate) name: &'static str,
     pub(crate) group: PeerGroup,
@@ -328,6 +333,18 @@ impl PeerComm {
             off_recv: l.off_recv as u64,
             off_result: l.off_result as u64,
             ..self.group.base_args()
+        }
+    }
+}
+
+impl Drop for PeerComm {
+    fn drop(&mut self) {
+        // Without this, a rank that frees its region while a peer's kernel still reads it
+        // faults that peer's context (ranks of one process address each other's regions
+        // directly); and a rank whose free waits for its device to idle would sit behind
+        // a kernel of a new communicator spinning for it on the same device.
+        if self.group.world_size() > 1 {
+            let _ = self.bootstrap.barrier();
         }
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use comm_core::conformance;
 use comm_core::cuda::DeviceMemory;
-use comm_core::{Bootstrap, Error, ThreadsBootstrap};
+use comm_core::{Bootstrap, Communicator, Error, ThreadsBootstrap};
 use comm_symm::cuda::{CudaSymmComm, CudaSymmConfig};
 
 fn config() -> CudaSymmConfig {
@@ -51,8 +51,7 @@ fn conformance_on_in_process_ranks() {
 
 /// One rank thread more than there are GPUs, so that two ranks share a GPU in one process.
 #[test]
-#[ignore = "needs 2 GPUs; fails intermittently (2 x H200, 2026-11-30), see BENCHMARKS.md \
-            'Ranks sharing a GPU in one process'"]
+#[ignore = "needs 2 GPUs"]
 fn conformance_with_ranks_sharing_a_gpu() {
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     assert!(gpus >= 2, "needs 2 GPUs, found {gpus}");
@@ -78,6 +77,8 @@ fn conformance_on_threads(world: usize) {
         conformance::run_with_memory(&comm, &memory, &cfg)
             .map(drop)
             .map_err(|f| Error::Mismatch(f.to_string()))
+            // At once, not at the join: a rank that fails first says why the others wait.
+            .inspect_err(|e| eprintln!("rank {}: {e}", comm.rank()))
     }) {
         r.unwrap_or_else(|e| panic!("{world} ranks: {e}"));
     }

@@ -83,6 +83,11 @@ pub fn device_count() -> Result<usize> {
 }
 
 /// The primary context of device `ordinal`, after probing the driver.
+///
+/// The handle does not track `CudaSlice` uses with events (cudarc's default), since the
+/// comm crates order their work on streams themselves. With tracking, cudarc synchronises
+/// the whole device when a handle creates its first stream; a rank thread that did so while
+/// another rank's kernel spun on the same device, waiting for it, would never return.
 pub fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
     let count = device_count()?;
     if ordinal >= count {
@@ -90,7 +95,11 @@ pub fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
             "device {ordinal} was asked for, but only {count} are present"
         )));
     }
-    CudaContext::new(ordinal).map_err(driver_error)
+    let ctx = CudaContext::new(ordinal).map_err(driver_error)?;
+    // SAFETY: no `CudaSlice` is ever made on this handle by the comm crates; callers that
+    // allocate slices on it order their streams themselves (documented above).
+    unsafe { ctx.disable_event_tracking() };
+    Ok(ctx)
 }
 
 /// The arch name NVRTC compiles for on this context's device (`sm_90` on an H100/H200).
