@@ -137,6 +137,7 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
             (None, Some(_)) => Algorithms::All,
             (None, None) => Algorithms::Default,
         },
+        launches: args.launches(),
     };
     let progress = Progress::stderr();
     let observe = |event: Event<'_>| {
@@ -144,13 +145,18 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
             return;
         }
         match event {
-            Event::Begin { backend, algorithm } => {
+            Event::Begin {
+                backend,
+                algorithm,
+                launch,
+            } => {
                 out!("#");
                 out!(
                     "{}",
                     report::header(&TableHeader {
                         backend,
                         algorithm,
+                        launch,
                         bootstrap: mode.name(),
                         ranks,
                         dtype: args.dtype.name(),
@@ -199,6 +205,7 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
         seed,
         out_of_place: cfg.out_of_place,
         in_place: cfg.in_place,
+        launch: cfg.launches,
     };
     if root {
         out!("{}", info.header());
