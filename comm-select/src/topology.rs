@@ -127,6 +127,27 @@ pub enum Fabric {
     MultiNode,
 }
 
+impl Fabric {
+    /// The word a tuning table's `fabric` holds: `single`, `same-device`, `nvlink`, `pcie`,
+    /// `host` or `multi-node`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Fabric::Single => "single",
+            Fabric::SameDevice => "same-device",
+            Fabric::NvLink => "nvlink",
+            Fabric::Pcie => "pcie",
+            Fabric::HostMemory => "host",
+            Fabric::MultiNode => "multi-node",
+        }
+    }
+}
+
+impl std::fmt::Display for Fabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl Topology {
     /// `world` ranks, every pair joined by `link`, all on node 0 unless `link` is remote.
     pub fn uniform(world: usize, link: Link) -> Self {
@@ -317,6 +338,8 @@ mod tests {
             Topology::uniform(4, Link::REMOTE).fabric(),
             Fabric::MultiNode
         );
+        assert_eq!(Fabric::NvLink.to_string(), "nvlink");
+        assert_eq!(Fabric::HostMemory.name(), "host");
     }
 
     #[test]

@@ -88,7 +88,8 @@ pub struct TuningTable {
     pub version: u32,
     /// World size measured.
     pub world_size: usize,
-    /// Fabric measured (free text: `nvlink`, `pcie`, `host`...).
+    /// Fabric measured: a [`Fabric`](crate::Fabric) name (`nvlink`, `pcie`, `host`...);
+    /// free text to the selector, which does not read it.
     #[serde(default)]
     pub fabric: String,
     /// Free text: machine, date, command.

@@ -17,6 +17,7 @@
 
 pub mod backends;
 pub mod gpu;
+pub mod graph;
 pub mod launch;
 pub mod perf;
 pub mod step;

@@ -6,13 +6,15 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use comm_core::{
-    BufferMut, BufferRef, Capabilities, Communicator, DType, LocalComm, ReduceOp, Result,
+    BufferMut, BufferRef, Capabilities, Communicator, DType, Error, LocalComm, ReduceOp, Result,
 };
 use comm_examples::backends::{self, RankContext};
 use comm_examples::launch::Mode;
+use comm_examples::perf::launches::Launches;
 use comm_examples::perf::meta::RunInfo;
 use comm_examples::perf::report::{self, CSV_HEADER};
 use comm_examples::perf::{Algorithms, Row, SweepConfig, run_in_process};
+use comm_select::Launch;
 
 fn config(sizes: &[u64], dtype: DType, op: ReduceOp, check: bool) -> SweepConfig {
     SweepConfig {
@@ -26,6 +28,7 @@ fn config(sizes: &[u64], dtype: DType, op: ReduceOp, check: bool) -> SweepConfig
         in_place: true,
         seed: 12345,
         algorithms: Algorithms::Default,
+        launches: Launches::Eager,
     }
 }
 
@@ -64,6 +67,7 @@ fn run_info() -> RunInfo {
         seed: 12345,
         out_of_place: true,
         in_place: true,
+        launch: Launches::Eager,
     }
 }
 
@@ -80,6 +84,7 @@ fn json_and_csv_have_both_placements_of_every_size() {
     assert_eq!(doc["run"]["hostname"], "test-host");
     assert_eq!(doc["run"]["command"][1], "--check");
     assert_eq!(doc["run"]["warmup"], serde_json::Value::Null);
+    assert_eq!(doc["run"]["launch"], "eager");
     let results = doc["results"].as_array().expect("results array");
     assert_eq!(results.len(), 3);
     for (r, size) in results.iter().zip([8u64, 64, 1024]) {
@@ -89,6 +94,7 @@ fn json_and_csv_have_both_placements_of_every_size() {
         assert_eq!(r["dtype"], "f32");
         assert_eq!(r["op"], "sum");
         assert_eq!(r["ranks"], 2);
+        assert_eq!(r["launch"], "eager");
         for placement in ["out_of_place", "in_place"] {
             let t = &r[placement];
             assert_eq!(t["wrong"], 0, "{placement}");
@@ -120,8 +126,8 @@ fn json_and_csv_have_both_placements_of_every_size() {
     assert_eq!(lines.len(), 1 + 3 * 2);
     let fields = CSV_HEADER.split(',').count();
     assert!(lines.iter().all(|l| l.split(',').count() == fields));
-    assert!(lines[1].starts_with("test,,threads,2,f32,sum,false,8,2,"));
-    assert!(lines[2].starts_with("test,,threads,2,f32,sum,true,8,2,"));
+    assert!(lines[1].starts_with("test,,threads,2,f32,sum,eager,false,8,2,"));
+    assert!(lines[2].starts_with("test,,threads,2,f32,sum,eager,true,8,2,"));
     let _ = (std::fs::remove_file(json), std::fs::remove_file(csv));
 }
 
@@ -154,6 +160,31 @@ fn registered_backends_pass_the_check_for_every_dtype_and_op() {
                 }
             }
         }
+    }
+}
+
+/// `--tune` on host backends: eager tables only, with no complaint; `--graph`: an error
+/// that says why, for every host backend.
+#[test]
+fn host_backends_run_eagerly_and_refuse_graph_mode() {
+    let mut cfg = config(&[64, 4096], DType::F32, ReduceOp::Sum, true);
+    cfg.launches = Launches::Both;
+    let rows = sweep(&local, 2, &cfg);
+    assert_eq!(rows.len(), 2);
+    assert!(
+        rows.iter()
+            .all(|r| r.launch == Launch::Eager && !r.failed())
+    );
+    cfg.launches = Launches::Graph;
+    for backend in backends::defaults(Mode::Threads) {
+        let create = |ctx: &RankContext| backend.create(ctx);
+        let err = run_in_process(backend.name, &create, 2, &cfg, &|_| {}).unwrap_err();
+        assert!(
+            matches!(err, Error::Unsupported(_)),
+            "{}: {err}",
+            backend.name
+        );
+        assert!(err.to_string().contains("host memory"), "{err}");
     }
 }
 
@@ -363,6 +394,7 @@ fn binary_runs_a_checked_sweep_and_writes_files() {
         "# command: ",
         "ranks: 2 (threads)",
         "iters: 3  warm-up: auto  check: on",
+        "launch: eager",
     ] {
         assert!(stdout.contains(expected), "no `{expected}` in\n{stdout}");
     }
@@ -372,6 +404,7 @@ fn binary_runs_a_checked_sweep_and_writes_files() {
     assert_eq!(run["world_size"], 2);
     assert_eq!(run["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(run["iters"], 3);
+    assert_eq!(run["launch"], "eager");
     assert!(
         run["hostname"].as_str().is_some_and(|h| !h.is_empty()),
         "{run}"
@@ -444,6 +477,31 @@ fn tune_writes_a_table_the_selector_reads() {
     assert!(labels.contains(&"local:-".to_string()), "{labels:?}");
     assert!(labels.contains(&"symm:twoshot".to_string()), "{labels:?}");
     assert!(table.measurements.iter().all(|m| m.time_us > 0.0));
+    // Host backends: eager rows only, measured over host memory.
+    assert!(table.measurements.iter().all(|m| m.launch == Launch::Eager));
+    assert_eq!(table.fabric, "host");
+}
+
+#[test]
+fn graph_mode_on_a_host_backend_is_a_clear_error() {
+    let out = perf(&[
+        "--backend",
+        "local",
+        "--sizes",
+        "1K",
+        "--ranks",
+        "2",
+        "--graph",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("unsupported")
+            && stderr.contains("host memory")
+            && stderr.contains("--graph")
+            && !stderr.contains("panicked"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -261,9 +261,7 @@ fn time_graph(
 ) -> Result<f64> {
     let streams = &ranks.streams;
     let s0 = &streams[0];
-    s0.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .map_err(driver_error)?;
-    let captured = (|| -> Result<()> {
+    let graph = crate::graph::capture(s0, || {
         for s in &streams[1..] {
             s.join(s0).map_err(driver_error)?;
         }
@@ -274,12 +272,7 @@ fn time_graph(
             s0.join(s).map_err(driver_error)?;
         }
         Ok(())
-    })();
-    let graph = s0
-        .end_capture(sys::CUgraphInstantiate_flags(0))
-        .map_err(driver_error)?;
-    captured?;
-    let graph = graph.ok_or_else(|| Error::Mismatch("empty capture".into()))?;
+    })?;
     graph.upload().map_err(driver_error)?;
     ranks.line_up()?;
     for _ in 0..20.min(iters) {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use comm_core::conformance;
-use comm_core::cuda::cudarc::driver::{result, sys};
+use comm_core::cuda::cudarc::driver::result;
 use comm_core::cuda::{DeviceMemory, DeviceOwned, device_count, driver_error, probe, raw_stream};
 use comm_core::{Bootstrap, DType, Error, ReduceOp, Result};
 use comm_peer::layout::CHANNELS;
@@ -444,15 +444,9 @@ impl Check {
         // Warm up outside capture (module load, first touch).
         enqueue(&mut a_out, &mut b_out, &mut res, &mut out)?;
         comm.synchronize(self.memory.raw_stream())?;
-        stream
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(driver_error)?;
-        let captured = enqueue(&mut a_out, &mut b_out, &mut res, &mut out);
-        let graph = stream
-            .end_capture(sys::CUgraphInstantiate_flags(0))
-            .map_err(driver_error)?;
-        captured?;
-        let graph = graph.ok_or_else(|| Error::Mismatch("capture produced no graph".into()))?;
+        let graph = crate::graph::capture(stream, || {
+            enqueue(&mut a_out, &mut b_out, &mut res, &mut out)
+        })?;
         for replay in 0..3u64 {
             let a = all_inputs(DType::BF16, n, 1000 + replay, world);
             let b = all_inputs(DType::F32, n2, 2000 + replay, world);

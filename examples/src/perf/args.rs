@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use comm_core::{DType, ReduceOp};
 
+use super::launches::Launches;
 use super::sweep::Algorithms;
 use crate::launch::Mode;
 
@@ -56,6 +57,10 @@ OPTIONS:
     --out-of-place       measure only out-of-place calls (separate send and receive
                          buffers) [default: out of place and in place, side by side]
     --in-place           measure only in-place calls (one buffer for input and result)
+    --graph              device backends: capture each size's -n timed calls in one CUDA
+                         graph (after the eager warm-up) and time its replays; time is a
+                         replay's median / n (nccl-tests' -G) [default: eager calls; with
+                         --tune both, one table each]
     --check              check every rank's result against an f64 host reference on fresh
                          random data, and that all ranks' results are bitwise identical;
                          exit 1 if any element is wrong
@@ -64,8 +69,9 @@ OPTIONS:
                          date, parameters}, \"results\": [...]}
     --csv FILE           write the results as CSV
     --plot FILE.svg      plot latency and bus bandwidth against size (SVG)
-    --tune FILE          write the times (of eager calls) as a comm-select tuning table
-                         (JSON), which SelectComm (backend `auto`) reads from COMM_TUNING
+    --tune FILE          write the times as a comm-select tuning table (JSON), which
+                         SelectComm (backend `auto`) reads from COMM_TUNING; eager and graph
+                         rows (graph ones of device backends), graph ones only with --graph
     -h, --help           print this help
 
 Columns: time is the median over iterations of each rank's time, then the maximum over
@@ -100,6 +106,8 @@ pub struct Args {
     pub out_of_place: bool,
     /// `--in-place`: measure in-place calls (alone, unless `out_of_place` too).
     pub in_place: bool,
+    /// `--graph`: time CUDA-graph replays of the calls instead of eager calls.
+    pub graph: bool,
     /// Check results.
     pub check: bool,
     /// Seed of the input data; `None` picks one.
@@ -135,6 +143,18 @@ impl fmt::Display for ArgError {
 
 impl std::error::Error for ArgError {}
 
+impl Args {
+    /// The launch modes to measure: graph replays with `--graph`, both modes for a tuning
+    /// table (the selector keeps them apart), eager calls otherwise.
+    pub fn launches(&self) -> Launches {
+        match (self.graph, &self.tune) {
+            (true, _) => Launches::Graph,
+            (false, Some(_)) => Launches::Both,
+            (false, None) => Launches::Eager,
+        }
+    }
+}
+
 impl From<lexopt::Error> for ArgError {
     fn from(e: lexopt::Error) -> Self {
         ArgError(e.to_string())
@@ -169,6 +189,7 @@ where
         bootstrap: None,
         out_of_place: false,
         in_place: false,
+        graph: false,
         check: false,
         seed: None,
         json: None,
@@ -229,6 +250,7 @@ where
             }
             Long("out-of-place") => out.out_of_place = true,
             Long("in-place") => out.in_place = true,
+            Long("graph") => out.graph = true,
             Long("check") => out.check = true,
             Long("seed") => {
                 let v = string(&mut parser, "--seed")?;
@@ -472,6 +494,7 @@ mod tests {
             "oneshot",
             "--tune",
             "/tmp/t.json",
+            "--graph",
         ])
         .unwrap();
         assert_eq!(a.sizes, vec![1024, 2048, 4096]);
@@ -480,7 +503,8 @@ mod tests {
         assert_eq!((a.iters, a.warmup, a.ranks), (Some(3), Some(0), Some(2)));
         assert_eq!(a.backends, vec!["local", "bootstrap"]);
         assert_eq!(a.bootstrap, Some(Mode::Threads));
-        assert!(a.check && a.in_place);
+        assert!(a.check && a.in_place && a.graph);
+        assert!(!run(&[]).unwrap().graph);
         assert_eq!(a.json, Some(PathBuf::from("/tmp/a.json")));
         assert_eq!(a.tune, Some(PathBuf::from("/tmp/t.json")));
         assert_eq!(
@@ -493,6 +517,20 @@ mod tests {
         let a = run(&["-b", "1K", "-e", "8K", "-f", "8"]).unwrap();
         assert_eq!(a.sizes, vec![1024, 8192]);
         assert_eq!(parse(["--help"]).unwrap(), Parsed::Help);
+    }
+
+    #[test]
+    fn graph_and_tune_choose_the_launch_modes() {
+        assert_eq!(run(&[]).unwrap().launches(), Launches::Eager);
+        assert_eq!(run(&["--graph"]).unwrap().launches(), Launches::Graph);
+        assert_eq!(
+            run(&["--tune", "t.json"]).unwrap().launches(),
+            Launches::Both
+        );
+        assert_eq!(
+            run(&["--tune", "t.json", "--graph"]).unwrap().launches(),
+            Launches::Graph
+        );
     }
 
     #[test]
@@ -511,6 +549,7 @@ mod tests {
             &["--backend", "local,,x"],
             &["--algo", ","],
             &["--tune"],
+            &["--graph=yes"],
             &["stray"],
         ] {
             assert!(run(bad).is_err(), "{bad:?} should be rejected");

@@ -137,6 +137,7 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
             (None, Some(_)) => Algorithms::All,
             (None, None) => Algorithms::Default,
         },
+        launches: args.launches(),
     };
     let progress = Progress::stderr();
     let observe = |event: Event<'_>| {
@@ -144,13 +145,18 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
             return;
         }
         match event {
-            Event::Begin { backend, algorithm } => {
+            Event::Begin {
+                backend,
+                algorithm,
+                launch,
+            } => {
                 out!("#");
                 out!(
                     "{}",
                     report::header(&TableHeader {
                         backend,
                         algorithm,
+                        launch,
                         bootstrap: mode.name(),
                         ranks,
                         dtype: args.dtype.name(),
@@ -199,6 +205,7 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
         seed,
         out_of_place: cfg.out_of_place,
         in_place: cfg.in_place,
+        launch: cfg.launches,
     };
     if root {
         out!("{}", info.header());
@@ -225,8 +232,20 @@ pub fn run(args: &Args) -> Result<bool, CliError> {
             }
         }
     }
+    // Every rank takes part in the probe; only rank 0 writes.
+    let fabric = args
+        .tune
+        .as_ref()
+        .map(|_| tune::fabric(process.as_ref(), ranks, &rows));
     if root {
-        ok &= write_outputs(args, &info, &rows);
+        if let Some(Err(e)) = &fabric {
+            eprintln!("allreduce-perf: tuning table: fabric unknown: {e}");
+        }
+        let fabric = match fabric {
+            Some(Ok(fabric)) => fabric.name(),
+            _ => "unknown",
+        };
+        ok &= write_outputs(args, &info, &rows, fabric);
     }
     Ok(ok)
 }
@@ -259,8 +278,9 @@ fn select(names: &[String], mode: Mode) -> Result<Vec<Backend>, CliError> {
         .collect()
 }
 
-/// Writes JSON, CSV and the plot as asked; false if any could not be written.
-fn write_outputs(args: &Args, info: &RunInfo, rows: &[Row]) -> bool {
+/// Writes JSON, CSV, the plot and the tuning table (measured over `fabric`) as asked;
+/// false if any could not be written.
+fn write_outputs(args: &Args, info: &RunInfo, rows: &[Row], fabric: &str) -> bool {
     let mut ok = true;
     let mut report = |what: &str, path: &std::path::Path, r: std::io::Result<()>| match r {
         Ok(()) => eprintln!("allreduce-perf: wrote {what} to {}", path.display()),
@@ -288,7 +308,7 @@ fn write_outputs(args: &Args, info: &RunInfo, rows: &[Row]) -> bool {
             info.hostname,
             info.date
         );
-        let table = tune::tuning_table(rows, &note);
+        let table = tune::tuning_table(rows, fabric, &note);
         report(
             "tuning table",
             path,

@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use super::launches::Launches;
 use super::plot::bytes_label;
 
 /// The parameters and circumstances of one `allreduce-perf` run.
@@ -46,6 +47,9 @@ pub struct RunInfo {
     pub out_of_place: bool,
     /// Whether in-place calls were measured.
     pub in_place: bool,
+    /// Eager calls, CUDA-graph replays, or both; files written before graph mode: eager.
+    #[serde(default)]
+    pub launch: Launches,
 }
 
 impl RunInfo {
@@ -82,11 +86,12 @@ impl RunInfo {
         .collect();
         let _ = write!(
             s,
-            "# iters: {}  warm-up: {}  check: {}  placements: {}",
+            "# iters: {}  warm-up: {}  check: {}  placements: {}  launch: {}",
             count(self.iters),
             count(self.warmup),
             if self.check { "on" } else { "off" },
-            placements.join(", ")
+            placements.join(", "),
+            self.launch
         );
         if self.check {
             let _ = write!(

@@ -7,13 +7,14 @@
 //! bandwidth, and with `--check` the number of wrong elements. The pieces: [`args`]
 //! (flags), [`sweep`] (what each rank does), [`data`] (inputs and the reference check),
 //! [`meta`] (the run's header and JSON metadata), [`report`] (table, JSON, CSV), [`plot`]
-//! (SVG), [`progress`]
-//! (stderr), [`tune`] (a comm-select tuning table), and [`cli`], which ties them
-//! together for the binary.
+//! (SVG), [`progress`] (stderr), [`launches`] (eager calls, CUDA-graph replays or both),
+//! [`tune`] (a comm-select tuning table), and [`cli`], which ties them together for the
+//! binary.
 
 pub mod args;
 pub mod cli;
 pub mod data;
+pub mod launches;
 pub mod meta;
 pub mod plot;
 pub mod progress;

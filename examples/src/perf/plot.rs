@@ -1,14 +1,17 @@
 //! The SVG plot: latency and bus bandwidth against message size, one line per backend.
 //!
 //! Two panels side by side, both with logarithmic axes, one line per backend (and
-//! algorithm) of its out-of-place times (in-place ones when only those were measured),
-//! drawn with `plotters`' SVG
+//! algorithm, and launch mode when eager and graph rows are mixed) of its out-of-place
+//! times (in-place ones when only those were measured); the title says the launch mode of
+//! all the lines, or each line's name does. Drawn with `plotters`' SVG
 //! backend (no fonts loaded: the SVG names a font family and the viewer renders it).
 //! Points that a log axis cannot show (zero bandwidth, as with one rank) are left out.
 
 use std::path::Path;
 
 use plotters::prelude::*;
+
+use comm_select::Launch;
 
 use super::report::{Row, Timing};
 
@@ -20,11 +23,22 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> std::io::Result<()> {
     draw(path, rows).map_err(|e| std::io::Error::other(format!("plot: {e}")))
 }
 
-/// The rows of each backend (and algorithm), in the order they first appear.
-fn by_backend(rows: &[Row]) -> Vec<(String, Vec<&Row>)> {
+/// The launch mode of every row; `None` when eager and graph rows are mixed (or none).
+fn common_launch(rows: &[Row]) -> Option<Launch> {
+    let first = rows.first()?.launch;
+    rows.iter().all(|r| r.launch == first).then_some(first)
+}
+
+/// The rows of each line: backend (and algorithm, and with `by_launch` the launch mode),
+/// in the order they first appear.
+fn lines(rows: &[Row], by_launch: bool) -> Vec<(String, Vec<&Row>)> {
     let mut groups: Vec<(String, Vec<&Row>)> = Vec::new();
     for row in rows {
-        let label = row.label();
+        let label = if by_launch {
+            format!("{} ({})", row.label(), row.launch)
+        } else {
+            row.label()
+        };
         match groups.iter_mut().find(|(name, _)| *name == label) {
             Some((_, group)) => group.push(row),
             None => groups.push((label, vec![row])),
@@ -38,9 +52,10 @@ type Series = Vec<(String, Vec<(f64, f64)>)>;
 fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE)?;
+    let launch = common_launch(rows);
     let title = match rows.first() {
         Some(r) => format!(
-            "all-reduce {} {}, {} ranks, {}",
+            "all-reduce {} {}, {} ranks, {}, {}",
             r.dtype,
             r.op,
             r.ranks,
@@ -48,13 +63,18 @@ fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
                 "out of place"
             } else {
                 "in place"
+            },
+            match launch {
+                Some(Launch::Eager) => "eager calls",
+                Some(Launch::Graph) => "CUDA-graph replays",
+                None => "eager and graph",
             }
         ),
         None => "all-reduce (no results)".to_string(),
     };
     let root = root.titled(&title, ("sans-serif", 22))?;
     let panels = root.split_evenly((1, 2));
-    let groups = by_backend(rows);
+    let groups = lines(rows, launch.is_none());
     let series = |value: fn(&Timing) -> f64| -> Series {
         groups
             .iter()
@@ -170,6 +190,44 @@ fn number_label(y: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(backend: &str, launch: Launch) -> Row {
+        Row {
+            backend: backend.into(),
+            algorithm: None,
+            bootstrap: "threads".into(),
+            ranks: 2,
+            dtype: "bf16".into(),
+            op: "sum".into(),
+            bytes: 1024,
+            count: 512,
+            iters: 5,
+            launch,
+            out_of_place: None,
+            in_place: None,
+            choice: None,
+        }
+    }
+
+    #[test]
+    fn lines_name_the_launch_mode_only_when_modes_are_mixed() {
+        let names = |rows: &[Row]| -> Vec<String> {
+            lines(rows, common_launch(rows).is_none())
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect()
+        };
+        let graph = [row("nccl", Launch::Graph), row("ipc", Launch::Graph)];
+        assert_eq!(common_launch(&graph), Some(Launch::Graph));
+        assert_eq!(names(&graph), ["nccl", "ipc"]);
+        let mixed = [
+            row("nccl", Launch::Eager),
+            row("nccl", Launch::Graph),
+            row("nccl", Launch::Eager),
+        ];
+        assert_eq!(common_launch(&mixed), None);
+        assert_eq!(names(&mixed), ["nccl (eager)", "nccl (graph)"]);
+    }
 
     #[test]
     fn byte_labels() {

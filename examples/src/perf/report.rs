@@ -125,6 +125,8 @@ pub struct TableHeader<'a> {
     pub backend: &'a str,
     /// Algorithm, when one was set.
     pub algorithm: Option<&'a str>,
+    /// Eager calls, or CUDA-graph replays of them.
+    pub launch: Launch,
     /// How the ranks met.
     pub bootstrap: &'a str,
     /// Number of ranks.
@@ -166,9 +168,13 @@ pub fn header(h: &TableHeader<'_>) -> String {
         None => h.backend.to_string(),
     };
     let mut s = String::new();
+    let launch = match h.launch {
+        Launch::Eager => "eager",
+        Launch::Graph => "graph (time = replay of iters calls / iters)",
+    };
     let _ = writeln!(
         s,
-        "# backend: {backend}  ranks: {} ({})  dtype: {}  op: {}  check: {}",
+        "# backend: {backend}  ranks: {} ({})  dtype: {}  op: {}  launch: {launch}  check: {}",
         h.ranks,
         h.bootstrap,
         h.dtype,
@@ -286,7 +292,7 @@ pub fn write_json(path: &Path, run: &RunInfo, rows: &[Row]) -> io::Result<()> {
 
 /// The CSV header line: one line per (backend, algorithm, size, placement), so that each
 /// column holds one quantity.
-pub const CSV_HEADER: &str = "backend,algorithm,bootstrap,ranks,dtype,op,in_place,bytes,count,iters,time_us,algbw,busbw,wrong,identical,choice";
+pub const CSV_HEADER: &str = "backend,algorithm,bootstrap,ranks,dtype,op,launch,in_place,bytes,count,iters,time_us,algbw,busbw,wrong,identical,choice";
 
 /// Writes `rows` as CSV (empty fields where a value is absent).
 pub fn write_csv(path: &Path, rows: &[Row]) -> io::Result<()> {
@@ -297,13 +303,14 @@ pub fn write_csv(path: &Path, rows: &[Row]) -> io::Result<()> {
         for (in_place, t) in r.timings() {
             writeln!(
                 out,
-                "{},{},{},{},{},{},{},{},{},{},{:.3},{:.4},{:.4},{},{},{}",
+                "{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.4},{:.4},{},{},{}",
                 csv_field(&r.backend),
                 csv_field(r.algorithm.as_deref().unwrap_or_default()),
                 csv_field(&r.bootstrap),
                 r.ranks,
                 r.dtype,
                 r.op,
+                r.launch,
                 in_place,
                 r.bytes,
                 r.count,
@@ -342,6 +349,36 @@ mod tests {
         // 1 MB in 1000 us is 1 GB/s.
         assert!((algbw(1_000_000, 1000.0) - 1.0).abs() < 1e-12);
         assert_eq!(algbw(8, 0.0), 0.0);
+    }
+
+    fn table_header(launch: Launch) -> String {
+        header(&TableHeader {
+            backend: "nccl",
+            algorithm: None,
+            launch,
+            bootstrap: "threads",
+            ranks: 2,
+            dtype: "bf16",
+            op: "sum",
+            check: true,
+            out_of_place: true,
+            in_place: true,
+        })
+    }
+
+    #[test]
+    fn the_table_header_says_the_launch_mode() {
+        let eager = table_header(Launch::Eager);
+        assert!(
+            eager.lines().next().unwrap().contains("launch: eager"),
+            "{eager}"
+        );
+        let graph = table_header(Launch::Graph);
+        assert!(
+            graph.lines().next().unwrap().contains("launch: graph"),
+            "{graph}"
+        );
+        assert!(!graph.contains("launch: eager"), "{graph}");
     }
 
     #[test]

@@ -8,21 +8,27 @@
 //! so every rank ends with the same [`Row`]: time is the slowest rank's median, #wrong
 //! the sum over ranks, and the fingerprints must all agree.
 //!
+//! In graph mode (`--graph`, device backends) the timed calls of a size and placement are
+//! captured into one CUDA graph after the warm-up, and its replays are timed instead
+//! ([`graph`]); `--tune` measures each backend in both modes, one table each.
+//!
 //! [`run_in_process`] starts the ranks as threads; under a launcher the binary calls
 //! [`run_rank`] once per process.
 
 mod device;
+mod graph;
 
 pub use device::event_times;
 
 use std::time::{Duration, Instant};
 
 use comm_core::{
-    Bootstrap, BufferMut, BufferRef, Collective, Communicator, DType, Error, MemoryLocation,
-    ReduceOp, Result, bf16, f16,
+    Bootstrap, BufferMut, BufferRef, Capabilities, Collective, Communicator, DType, Error,
+    MemoryLocation, ReduceOp, Result, bf16, f16,
 };
 
 use super::data::{Inputs, Value, fingerprint, mix64, poison};
+use super::launches::{Launches, capturable};
 use comm_select::Launch;
 
 use super::report::{Row, Timing, algbw, busbw};
@@ -70,6 +76,8 @@ pub struct SweepConfig {
     pub seed: u64,
     /// Which of a backend's named algorithms to measure, one table each.
     pub algorithms: Algorithms,
+    /// Eager calls, graph replays, or both (one table each).
+    pub launches: Launches,
 }
 
 impl SweepConfig {
@@ -153,12 +161,14 @@ fn warmup_calls(cfg: &SweepConfig, index: usize, first: usize) -> usize {
 /// What rank 0 reports while it sweeps.
 #[derive(Debug)]
 pub enum Event<'a> {
-    /// A table (one backend, one algorithm) begins.
+    /// A table (one backend, one algorithm, one launch mode) begins.
     Begin {
         /// Backend name.
         backend: &'a str,
         /// Algorithm, when one was set.
         algorithm: Option<&'a str>,
+        /// Eager calls or graph replays.
+        launch: Launch,
     },
     /// Size `index` of `total` (counted from 0) is starting.
     Starting {
@@ -243,28 +253,61 @@ pub fn run_rank(
             ctx.world_size()
         )));
     }
+    let launches = launch_modes(comm, backend, selector.is_some(), cfg.launches, observe)?;
     let mut rows = Vec::new();
     for algorithm in algorithms(comm, backend, &cfg.algorithms, observe)? {
         comm.set_algorithm(algorithm.as_deref())?;
-        let run = Run {
-            comm,
-            selector: selector.as_ref(),
-            ctl: &**ctx.bootstrap(),
-            backend,
-            algorithm: algorithm.as_deref(),
-            bootstrap: ctx.mode().name(),
-            cfg,
-            observe,
-        };
-        observe(Event::Begin {
-            backend,
-            algorithm: run.algorithm,
-        });
-        let table = run.sweep_dtype()?;
-        observe(Event::End(&table));
-        rows.extend(table);
+        for &launch in &launches {
+            let run = Run {
+                comm,
+                selector: selector.as_ref(),
+                ctl: &**ctx.bootstrap(),
+                backend,
+                algorithm: algorithm.as_deref(),
+                launch,
+                bootstrap: ctx.mode().name(),
+                cfg,
+                observe,
+            };
+            observe(Event::Begin {
+                backend,
+                algorithm: run.algorithm,
+                launch,
+            });
+            let table = run.sweep_dtype()?;
+            observe(Event::End(&table));
+            rows.extend(table);
+        }
     }
     Ok(rows)
+}
+
+/// The launch modes to measure `comm` in; a note when `--tune` cannot have its graph rows.
+fn launch_modes(
+    comm: &dyn Communicator,
+    backend: &str,
+    selects: bool,
+    wanted: Launches,
+    observe: &(dyn Fn(Event<'_>) + Sync),
+) -> Result<Vec<Launch>> {
+    let caps = comm.capabilities();
+    let on_device = on_device(caps);
+    let capturable = capturable(caps, on_device, selects);
+    if let (Launches::Both, true, Err(why)) = (wanted, on_device, &capturable) {
+        observe(Event::Note {
+            backend,
+            message: format!("{why}: eager rows only"),
+        });
+    }
+    wanted.of_backend(backend, capturable)
+}
+
+/// Whether a backend with `caps` is measured on device memory: one that takes only device
+/// memory, or one that takes both (`auto` over GPU and host backends) where there is a
+/// GPU, since that is what it is for.
+fn on_device(caps: &Capabilities) -> bool {
+    let has_gpu = || comm_core::cuda::device_count().is_ok_and(|n| n > 0);
+    caps.device_memory && (!caps.host_memory || has_gpu())
 }
 
 /// The algorithms to measure on `comm`, `None` standing for the backend's own choice.
@@ -321,6 +364,8 @@ struct Run<'a> {
     ctl: &'a dyn Bootstrap,
     backend: &'a str,
     algorithm: Option<&'a str>,
+    /// Eager calls, or replays of a graph of them (device memory only).
+    launch: Launch,
     bootstrap: &'a str,
     cfg: &'a SweepConfig,
     observe: &'a (dyn Fn(Event<'_>) + Sync),
@@ -405,10 +450,7 @@ impl Run<'_> {
                 });
             }
         }
-        // A backend that takes both (`auto` over GPU and host backends) is measured on
-        // device memory where there is a device: that is what it is for.
-        let has_gpu = || comm_core::cuda::device_count().is_ok_and(|n| n > 0);
-        if caps.device_memory && (!caps.host_memory || has_gpu()) {
+        if on_device(caps) {
             return self.sweep_device(points);
         }
         let smallest = points.first().map_or(0, |p| p.bytes as usize);
@@ -507,8 +549,7 @@ impl Run<'_> {
                 self.call(in_place, send, recv)?;
                 times.push(start.elapsed());
             }
-            // Nanoseconds are the clock's resolution; more digits would be noise.
-            let median_us = (median(&mut times).as_secs_f64() * 1e9).round() / 1e3;
+            let median_us = per_call_us(median(&mut times), 1);
             if !cfg.check {
                 measured.push(Measured::unchecked(median_us));
                 continue;
@@ -612,8 +653,7 @@ impl Run<'_> {
             bytes: point.bytes,
             count: point.count as u64,
             iters,
-            // Every sweep times calls as they are made; graph replays are not timed yet.
-            launch: Launch::Eager,
+            launch: self.launch,
             out_of_place,
             in_place,
             choice: self.selector.map(|s| {
@@ -622,7 +662,8 @@ impl Run<'_> {
                     self.cfg.op,
                     point.bytes as usize,
                     device,
-                );
+                )
+                .with_launch(self.launch);
                 match s.choose(&call) {
                     Ok(c) => format!("{} ({:?})", c.label(), c.source),
                     Err(e) => format!("none ({e})"),
@@ -630,6 +671,12 @@ impl Run<'_> {
             }),
         })
     }
+}
+
+/// Microseconds per call of `calls` calls that took `time` together, to the nanosecond:
+/// the clock's resolution (more digits would be noise).
+pub fn per_call_us(time: Duration, calls: usize) -> f64 {
+    (time.as_secs_f64() / calls.max(1) as f64 * 1e9).round() / 1e3
 }
 
 /// The median of `times` (the mean of the middle two for an even count); zero if empty.
@@ -662,6 +709,7 @@ mod tests {
             in_place: true,
             seed: 1,
             algorithms: Algorithms::Default,
+            launches: Launches::Eager,
         }
     }
 
@@ -691,5 +739,15 @@ mod tests {
             Duration::from_micros(2500)
         );
         assert_eq!(median(&mut []), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_graph_replay_of_n_calls_is_reported_per_call() {
+        let us = Duration::from_micros;
+        assert_eq!(per_call_us(us(7), 1), 7.0);
+        // 20 calls in one replay of 90 us: 4.5 us each.
+        assert_eq!(per_call_us(us(90), 20), 4.5);
+        assert_eq!(per_call_us(Duration::from_nanos(1001), 3), 0.334);
+        assert_eq!(per_call_us(us(5), 0), 5.0);
     }
 }

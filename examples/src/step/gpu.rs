@@ -8,9 +8,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use comm_core::cuda::cudarc::driver::sys::{
-    CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
-};
+use comm_core::cuda::cudarc::driver::sys::CUevent_flags;
 use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result, sys};
 use comm_core::cuda::{
     DeviceMemory, DeviceOwned, KernelCache, KernelSource, device_count, driver_error,
@@ -108,16 +106,7 @@ pub fn run(comm: &dyn Communicator, ctl: &dyn Bootstrap, cfg: &Config) -> Result
     memory.synchronize()?;
     ctl.barrier()?;
 
-    stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .map_err(driver_error)?;
-    // The capture must end whatever happened inside it.
-    let captured = step(&mut x, &mut y);
-    let graph = stream
-        .end_capture(CUgraphInstantiate_flags(0))
-        .map_err(driver_error)?;
-    captured?;
-    let graph = graph.ok_or_else(|| Error::backend("cuda", "the capture recorded no graph"))?;
+    let graph = crate::graph::capture(&stream, || step(&mut x, &mut y))?;
 
     x.write(&init)?;
     graph.launch().map_err(driver_error)?;

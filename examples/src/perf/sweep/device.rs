@@ -4,10 +4,12 @@
 //! ([`PatternKernels`](comm_core::cuda::PatternKernels)), as nccl-tests does, so a sweep
 //! to gigabytes never copies data to the host. Each timed call is framed by two CUDA
 //! events on the stream; a size's time is the median of those per-call GPU times, taken
-//! after the stream has drained (bounded by the bootstrap's timeout). In place means the
-//! send buffer is also the receive buffer. The check runs on fresh data with the output
-//! poisoned (all bits set: NaN, -1 or 255; out of place only, since in place the output
-//! is the input), and the fingerprint of the result is taken from one copy to the host.
+//! after the stream has drained (bounded by the bootstrap's timeout). In graph mode the
+//! events frame replays of a graph of the timed calls instead ([`super::graph`]). In place
+//! means the send buffer is also the receive buffer. The check runs on fresh data with the
+//! output poisoned (all bits set: NaN, -1 or 255; out of place only, since in place the
+//! output is the input), and the fingerprint of the result is taken from one copy to the
+//! host.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,8 +18,10 @@ use comm_core::cuda::cudarc::driver::{CudaEvent, CudaStream, sys};
 use comm_core::cuda::stream::wait_stream;
 use comm_core::cuda::{DeviceMemory, DeviceOwned, PatternKernels, device_count, driver_error};
 use comm_core::{Collective, MemoryLocation, Result};
+use comm_select::Launch;
 
-use super::{Measured, Point, Row, Run, iterations, median, warmup_calls};
+use super::graph::GRAPH_REPLAYS;
+use super::{Measured, Point, Row, Run, iterations, median, per_call_us, warmup_calls};
 use crate::perf::data::{fingerprint, mix64};
 
 impl Run<'_> {
@@ -87,25 +91,42 @@ impl Run<'_> {
                 (warmup - 1, iters)
             }
         };
-        let stream = memory.stream();
-        let events = (0..=iters)
-            .map(|_| timing_event(stream))
+        // Made before the ranks line up, so that no rank starts its clock late: one event
+        // per timed call, or per timed replay, and one before the first.
+        let timed = match self.launch {
+            Launch::Eager => iters,
+            Launch::Graph => GRAPH_REPLAYS,
+        };
+        let events = (0..=timed)
+            .map(|_| timing_event(memory.stream()))
             .collect::<Result<Vec<_>>>()?;
+        // A capture cannot hold a backend's first-use setup: each placement is called
+        // eagerly at least once before its graph is captured.
+        let least_warmup = usize::from(self.launch == Launch::Graph);
         let mut measured = Vec::with_capacity(placements.len());
         for (i, &in_place) in placements.iter().enumerate() {
-            for _ in 0..warmup_calls(cfg, i, warmup) {
+            for _ in 0..warmup_calls(cfg, i, warmup).max(least_warmup) {
                 self.call_device(in_place, send, recv, n)?;
             }
             self.drain(memory)?;
             self.comm.barrier()?;
-            events[0].record(stream).map_err(driver_error)?;
-            for event in &events[1..] {
-                self.call_device(in_place, send, recv, n)?;
-                event.record(stream).map_err(driver_error)?;
-            }
-            self.drain(memory)?;
-            let mut times = event_times(&events)?;
-            let median_us = (median(&mut times).as_secs_f64() * 1e9).round() / 1e3;
+            let calls = |send: &mut DeviceOwned, recv: &mut DeviceOwned, count: usize| {
+                (0..count).try_for_each(|_| self.call_device(in_place, send, recv, n))
+            };
+            let (median_us, graph) = match self.launch {
+                Launch::Eager => {
+                    let call = self.median_each(memory, &events, || calls(send, recv, 1))?;
+                    (per_call_us(call, 1), None)
+                }
+                Launch::Graph => {
+                    let graph =
+                        crate::graph::capture(memory.stream(), || calls(send, recv, iters))?;
+                    (
+                        self.time_graph(memory, &events, &graph, iters)?,
+                        Some(graph),
+                    )
+                }
+            };
             if !cfg.check {
                 measured.push(Measured::unchecked(median_us));
                 continue;
@@ -114,7 +135,12 @@ impl Run<'_> {
             if !in_place {
                 recv.poison(0xff)?;
             }
-            self.call_device(in_place, send, recv, n)?;
+            match graph {
+                None => calls(send, recv, 1)?,
+                Some(timed) => {
+                    self.replay_checked(memory, timed, in_place, || calls(send, recv, 1))?;
+                }
+            }
             self.drain(memory)?;
             let out = if in_place { &*send } else { &*recv };
             let wrong = kernels.check_all_reduce(out.view(0, n)?, cfg.op, seed(2), ranks as u32)?;
@@ -144,8 +170,27 @@ impl Run<'_> {
         }
     }
 
+    /// The median GPU time of one `enqueue` (one call, or one graph replay): it runs
+    /// between each two consecutive `events` (at least two), recorded on the stream, and
+    /// is timed once the stream has drained.
+    pub(super) fn median_each(
+        &self,
+        memory: &DeviceMemory,
+        events: &[CudaEvent],
+        mut enqueue: impl FnMut() -> Result<()>,
+    ) -> Result<Duration> {
+        let stream = memory.stream();
+        events[0].record(stream).map_err(driver_error)?;
+        for event in &events[1..] {
+            enqueue()?;
+            event.record(stream).map_err(driver_error)?;
+        }
+        self.drain(memory)?;
+        Ok(median(&mut event_times(events)?))
+    }
+
     /// Waits for the stream, bounded like every other wait of the job.
-    fn drain(&self, memory: &DeviceMemory) -> Result<()> {
+    pub(super) fn drain(&self, memory: &DeviceMemory) -> Result<()> {
         wait_stream(
             memory.context(),
             memory.raw_stream(),
