@@ -212,7 +212,12 @@ impl PeerComm {
     pub fn alloc(&self, bytes: usize) -> Result<PeerBuffer> {
         self.group.live()?;
         let reg = Registered::new(self.context(), &*self.bootstrap, bytes, |_| Ok(()))?;
-        Ok(PeerBuffer::new(reg, bytes, self.registry.clone()))
+        Ok(PeerBuffer::new(
+            reg,
+            bytes,
+            self.registry.clone(),
+            self.bootstrap.clone(),
+        ))
     }
 
     /// Waits for the work enqueued on `stream`, bounded by the timeout (plus a margin);

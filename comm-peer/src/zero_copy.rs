@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use comm_core::cuda::cudarc::driver::CudaStream;
 use comm_core::cuda::stream::raw_stream;
-use comm_core::{BufferMut, BufferRef, DType, Error, Result};
+use comm_core::{Bootstrap, BufferMut, BufferRef, DType, Error, Result};
 
 use crate::registered::Registered;
 use crate::source::PeerSource;
@@ -42,22 +42,39 @@ impl Registry {
 /// [`PeerComm::alloc`](crate::PeerComm::alloc). All-reduces whose input lies in such a buffer
 /// skip the copy into the communicator's region (pull algorithms).
 ///
-/// Drop it on every rank together, after the work that reads it has finished everywhere
-/// (a peer may read this rank's buffer until its own kernel has completed).
-#[derive(Debug)]
+/// Dropping is collective, as dropping the communicator is: every rank synchronises the
+/// streams that used the buffer, then drops it; the drop waits (bounded) for every rank
+/// before the memory goes, since a peer may read this rank's buffer until its own kernel
+/// has completed.
 pub struct PeerBuffer {
     reg: Registered,
     bytes: usize,
     registry: Arc<Registry>,
+    bootstrap: Arc<dyn Bootstrap>,
+}
+
+impl std::fmt::Debug for PeerBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerBuffer")
+            .field("reg", &self.reg)
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PeerBuffer {
-    pub(crate) fn new(reg: Registered, bytes: usize, registry: Arc<Registry>) -> Self {
+    pub(crate) fn new(
+        reg: Registered,
+        bytes: usize,
+        registry: Arc<Registry>,
+        bootstrap: Arc<dyn Bootstrap>,
+    ) -> Self {
         registry.insert(reg.buffer().device_ptr(), bytes, reg.table());
         PeerBuffer {
             reg,
             bytes,
             registry,
+            bootstrap,
         }
     }
 
@@ -130,6 +147,9 @@ impl PeerBuffer {
 impl Drop for PeerBuffer {
     fn drop(&mut self) {
         self.registry.remove(self.device_ptr());
+        if self.bootstrap.world_size() > 1 {
+            let _ = self.bootstrap.barrier();
+        }
     }
 }
 

@@ -236,6 +236,13 @@ fn run_rank(ctx: &RankContext, cfg: &Config, names: &[String], header: bool) -> 
                     println!("  {name:<10} skipped: no GPU or library here");
                 }
             }
+            // `all` means every backend that can run here (NCCL refuses ranks sharing a
+            // GPU); a backend named on its own must run.
+            Err(Error::Unsupported(why)) if !cfg.backends.contains(name) => {
+                if root {
+                    println!("  {name:<10} skipped: {why}");
+                }
+            }
             Err(e) => {
                 ok = false;
                 if root {
