@@ -9,8 +9,9 @@ use comm_peer::{
 
 /// One rank of a CUDA-IPC communicator (see the crate docs).
 ///
-/// Calls enqueue one kernel on the buffers' stream and return; nothing synchronises, so
-/// calls can be captured into CUDA graphs. `synchronize` (of the `PeerComm` it derefs to)
+/// Calls enqueue their kernels on the buffers' stream and return (one per launch: a message
+/// larger than `max_bytes` runs as several); nothing synchronises, so calls can be
+/// captured into CUDA graphs. `synchronize` (of the `PeerComm` it derefs to)
 /// waits, bounded.
 #[derive(Debug)]
 pub struct IpcComm {

@@ -1,14 +1,22 @@
 //! `IpcComm` with in-process ranks (threads bootstrap, one device): the clean-failure
-//! path runs everywhere; the conformance suite per algorithm needs a GPU (`--include-ignored`
-//! on a machine with one). The multi-process checks are `gpu-check --backend ipc` (comm-examples) under mpirun.
+//! path runs everywhere; the conformance suite per algorithm (with a staging area of a
+//! launch, and with one so small that every call runs in several) and an all-reduce of
+//! 64 MiB need a GPU (`--include-ignored` on a machine with one). The multi-process checks are `gpu-check --backend ipc` (comm-examples) under mpirun.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use comm_core::conformance::{self, Config};
+use comm_core::conformance::{self, Config, Report};
 use comm_core::cuda::DeviceMemory;
 use comm_core::{Bootstrap, Communicator, Error, ThreadsBootstrap};
 use comm_ipc::{Algorithm, IpcComm, IpcConfig};
+
+/// Staging of the plain conformance runs: the suite's large all-reduce fits one launch.
+const STAGING: usize = 1 << 20;
+/// Staging so small that every collective of the suite runs as several launches: the
+/// coverage cases (1001 elements) in 2 to 8, the random ones in up to hundreds, the large
+/// all-reduce (1 MiB) in a thousand.
+const CHUNKED_STAGING: usize = 1 << 10;
 
 fn on_threads<R: Send + 'static>(
     world: usize,
@@ -47,7 +55,39 @@ fn joining_an_absent_device_fails_on_every_rank() {
 #[ignore = "needs a GPU"]
 fn conformance_of_every_algorithm_on_in_process_ranks() {
     let gpus = comm_core::cuda::device_count().expect("a GPU");
-    conformance_of_every_algorithm(gpus.max(2));
+    conformance_of_every_algorithm(gpus.max(2), STAGING);
+}
+
+/// Every collective, every algorithm, cut into launches (see [`CHUNKED_STAGING`]).
+#[test]
+#[ignore = "needs a GPU"]
+fn conformance_of_every_algorithm_in_chunks() {
+    let gpus = comm_core::cuda::device_count().expect("a GPU");
+    conformance_of_every_algorithm(gpus.max(2), CHUNKED_STAGING);
+}
+
+/// 64 MiB per rank with the default configuration (eight launches of its 8 MiB), checked
+/// against the reference like every case of the suite.
+#[test]
+#[ignore = "needs a GPU"]
+fn all_reduce_of_64_mib_with_the_default_config() {
+    let gpus = comm_core::cuda::device_count().expect("a GPU");
+    let reports = on_threads(gpus.max(2), move |b| {
+        let device = b.rank() % gpus;
+        let comm = IpcComm::new(b, device, IpcConfig::default())?;
+        let suite = Config {
+            random_cases: 0,
+            // f32, the first dtype of the backend.
+            large_count: Some((64 << 20) / 4),
+            error_cases: false,
+            ..Config::default()
+        };
+        run_suite(&comm, device, &suite)
+    });
+    for r in reports {
+        let report = r.unwrap_or_else(|e| panic!("{e}"));
+        assert!(report.large_case, "the 64 MiB all-reduce did not run");
+    }
 }
 
 /// One rank thread more than there are GPUs, so that two ranks share a GPU in one process
@@ -57,36 +97,45 @@ fn conformance_of_every_algorithm_on_in_process_ranks() {
 fn conformance_of_every_algorithm_with_ranks_sharing_a_gpu() {
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     assert!(gpus >= 2, "needs 2 GPUs, found {gpus}");
-    conformance_of_every_algorithm(gpus + 1);
+    conformance_of_every_algorithm(gpus + 1, STAGING);
 }
 
-/// Ranks are threads spread over the GPUs (rank `r` on GPU `r % gpus`).
-fn conformance_of_every_algorithm(world: usize) {
+/// Ranks are threads spread over the GPUs (rank `r` on GPU `r % gpus`), staging
+/// `max_bytes` per launch.
+fn conformance_of_every_algorithm(world: usize, max_bytes: usize) {
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     for algo in Algorithm::ALL {
         let reports = on_threads(world, move |b| {
             let config = IpcConfig {
-                max_bytes: 1 << 20,
+                max_bytes,
                 algorithm: Some(algo),
                 ..IpcConfig::default()
             };
             let device = b.rank() % gpus;
             let comm = IpcComm::new(b, device, config)?;
-            let memory = DeviceMemory::new(device)?;
             let suite = Config {
                 random_cases: 16,
                 large_count: Some(1 << 18),
                 ..Config::default()
             };
-            conformance::run_with_memory(&comm, &memory, &suite)
-                .map_err(|f| Error::Mismatch(f.to_string()))
+            run_suite(&comm, device, &suite)
                 // At once, not at the join: a rank that fails first says why the others wait.
                 .inspect_err(|e| eprintln!("{algo}, world {world}, rank {}: {e}", comm.rank()))
         });
         for r in reports {
-            r.unwrap_or_else(|e| panic!("{algo} on {world} ranks: {e}"));
+            let report = r.unwrap_or_else(|e| panic!("{algo} on {world} ranks: {e}"));
+            assert!(
+                report.large_case,
+                "{algo}: the large all-reduce did not run"
+            );
         }
     }
+}
+
+/// The suite on buffers of `device`, its failure as an error.
+fn run_suite(comm: &IpcComm, device: usize, suite: &Config) -> Result<Report, Error> {
+    let memory = DeviceMemory::new(device)?;
+    conformance::run_with_memory(comm, &memory, suite).map_err(|f| Error::Mismatch(f.to_string()))
 }
 
 #[test]

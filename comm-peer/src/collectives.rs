@@ -1,5 +1,6 @@
-//! The collectives of [`PeerComm`]: each checks its call, optionally agrees on it with every
-//! rank, and enqueues one kernel of `kernels/peer_collectives.cu`.
+//! The collectives of [`PeerComm`]: each checks its call and optionally agrees on it with
+//! every rank, once, then enqueues one kernel of `kernels/peer_collectives.cu` per part of
+//! the message that one launch holds (`chunks`), in order on the call's stream.
 
 use comm_core::cuda::cudarc::driver::result;
 use comm_core::cuda::stream::cu_stream;
@@ -7,8 +8,10 @@ use comm_core::cuda::{driver_error, raw_stream};
 use comm_core::{BufferMut, BufferRef, CallDescriptor, RawStream, ReduceOp, Result};
 
 use crate::algorithm::Algorithm;
+use crate::chunks::Cut;
 use crate::comm::PeerComm;
 use crate::kernels::{PeerArgs, all_reduce_kernel, all_reduce_work, blocks, reduce_scatter_kernel};
+use crate::scratch::Rows;
 
 /// How one all-reduce runs, decided by each rank and compared when validating.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,8 +73,8 @@ impl PeerComm {
         let plan = self.plan(recv.bytes(), send_addr, send.is_none());
         let mine = self.checked(described, &locations);
         let (call, stream) = self.agree(mine, &plan.bytes())?;
-        let count = call.count as usize;
-        if count == 0 {
+        let bytes = call.send_bytes();
+        if bytes == 0 {
             return Ok(());
         }
         let recv_addr = recv.addr() as u64;
@@ -82,30 +85,31 @@ impl PeerComm {
                 // SAFETY: both views hold `send_bytes` bytes of this device (the view
                 // constructors' contracts); the copy is ordered on their stream.
                 unsafe {
-                    result::memcpy_dtod_async(
-                        recv_addr,
-                        send_addr,
-                        call.send_bytes(),
-                        cu_stream(stream),
-                    )
+                    result::memcpy_dtod_async(recv_addr, send_addr, bytes, cu_stream(stream))
                 }
                 .map_err(driver_error)?;
             }
             return Ok(());
         }
-        let (inputs, in_off) = plan.zero_copy.unwrap_or((0, 0));
-        let args = PeerArgs {
-            inputs,
-            in_off,
-            ..self.io_args(send_addr, recv_addr, count as u64)
-        };
-        let op = call.op.unwrap_or(ReduceOp::Sum);
-        self.group.launch(
-            &all_reduce_kernel(plan.algorithm, call.dtype, op),
-            self.grid(all_reduce_work(plan.algorithm, call.dtype, count, world)),
-            stream,
-            &args,
-        )
+        let kernel =
+            all_reduce_kernel(plan.algorithm, call.dtype, call.op.unwrap_or(ReduceOp::Sum));
+        let cut = Cut::all_reduce(&self.layout, plan.algorithm, plan.zero_copy.is_some());
+        for part in cut.chunks(bytes) {
+            let at = part.offset as u64;
+            let count = part.bytes / call.dtype.size();
+            let args = PeerArgs {
+                inputs: plan.zero_copy.map_or(0, |(table, _)| table),
+                in_off: plan.zero_copy.map_or(0, |(_, in_off)| in_off + at),
+                ..self.io_args(send_addr + at, recv_addr + at, count as u64)
+            };
+            self.group.launch(
+                &kernel,
+                self.grid(all_reduce_work(plan.algorithm, call.dtype, count, world)),
+                stream,
+                &args,
+            )?;
+        }
+        Ok(())
     }
 
     /// Every rank's `send` (bytes) into its place in `recv`.
@@ -118,16 +122,28 @@ impl PeerComm {
         );
         let (call, stream) = self.agree(mine, &[])?;
         let bytes = call.send_bytes();
-        if bytes == 0 {
-            return Ok(());
+        let (send, recv) = (send.addr() as u64, recv.addr() as u64);
+        let scratch = self.scratch.addr();
+        let cut = Cut::all_gather(&self.layout, bytes);
+        for part in cut.chunks(bytes) {
+            let at = part.offset as u64;
+            let output = if cut.via_scratch { scratch } else { recv + at };
+            let args = self.io_args(send + at, output, part.bytes as u64);
+            let grid = self.grid(part.bytes.div_ceil(16));
+            self.group.launch("peer_all_gather", grid, stream, &args)?;
+            if cut.via_scratch {
+                let rows = Rows {
+                    dst: recv + at,
+                    dst_pitch: bytes,
+                    src: scratch,
+                    src_pitch: part.bytes,
+                    width: part.bytes,
+                    rows: world,
+                };
+                rows.copy(self.context(), stream)?;
+            }
         }
-        let args = self.io_args(send.addr() as u64, recv.addr() as u64, bytes as u64);
-        self.group.launch(
-            "peer_all_gather",
-            self.grid(bytes.div_ceil(16)),
-            stream,
-            &args,
-        )
+        Ok(())
     }
 
     /// Slice `rank` of the reduction of every rank's `send` into `recv`.
@@ -144,18 +160,34 @@ impl PeerComm {
             &[send.location(), recv.location()],
         );
         let (call, stream) = self.agree(mine, &[])?;
-        let count = call.count as usize / world;
-        if count == 0 {
-            return Ok(());
+        let size = call.dtype.size();
+        let bytes = call.count as usize / world * size;
+        let (send, recv) = (send.addr() as u64, recv.addr() as u64);
+        let scratch = self.scratch.addr();
+        let kernel = reduce_scatter_kernel(call.dtype, op);
+        let cut = Cut::reduce_scatter(&self.layout, bytes);
+        for part in cut.chunks(bytes) {
+            let at = part.offset as u64;
+            let input = if cut.via_scratch {
+                let rows = Rows {
+                    dst: scratch,
+                    dst_pitch: part.bytes,
+                    src: send + at,
+                    src_pitch: bytes,
+                    width: part.bytes,
+                    rows: world,
+                };
+                rows.copy(self.context(), stream)?;
+                scratch
+            } else {
+                send + at
+            };
+            let count = part.bytes / size;
+            let args = self.io_args(input, recv + at, count as u64);
+            let grid = self.grid(count.div_ceil(16 / size));
+            self.group.launch(&kernel, grid, stream, &args)?;
         }
-        let args = self.io_args(send.addr() as u64, recv.addr() as u64, count as u64);
-        let work = count.div_ceil(16 / call.dtype.size());
-        self.group.launch(
-            &reduce_scatter_kernel(call.dtype, op),
-            self.grid(work),
-            stream,
-            &args,
-        )
+        Ok(())
     }
 
     /// Rank `root`'s `buf` into every rank's `buf`.
@@ -172,16 +204,16 @@ impl PeerComm {
             return Ok(());
         }
         let addr = buf.addr() as u64;
-        let args = PeerArgs {
-            root: root as u32,
-            ..self.io_args(addr, addr, bytes as u64)
-        };
-        self.group.launch(
-            "peer_broadcast",
-            self.grid(bytes.div_ceil(16)),
-            stream,
-            &args,
-        )
+        for part in Cut::broadcast(&self.layout).chunks(bytes) {
+            let at = addr + part.offset as u64;
+            let args = PeerArgs {
+                root: root as u32,
+                ..self.io_args(at, at, part.bytes as u64)
+            };
+            let grid = self.grid(part.bytes.div_ceil(16));
+            self.group.launch("peer_broadcast", grid, stream, &args)?;
+        }
+        Ok(())
     }
 
     /// A device barrier of every rank (signals on channel 0), waited for here.

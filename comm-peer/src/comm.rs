@@ -20,13 +20,16 @@ use crate::group::{PeerGroup, Ready};
 use crate::kernels::{DTYPES, OPS, PeerArgs};
 use crate::layout::{Layout, MAX_BLOCKS, MAX_THREADS};
 use crate::registered::Registered;
+use crate::scratch::Scratch;
 use crate::source::PeerSource;
 use crate::zero_copy::{PeerBuffer, Registry};
 
 /// One rank of a communicator over peer memory (see the crate docs).
 ///
-/// Calls enqueue one kernel on the buffers' stream and return; nothing synchronises, so
-/// calls can be captured into CUDA graphs. [`PeerComm::synchronize`] waits, bounded.
+/// Calls enqueue their kernels on the buffers' stream and return: one, or one per part of a
+/// message larger than a launch holds (`max_bytes` of [`PeerConfig`]). Nothing
+/// synchronises, so calls can be captured into CUDA graphs. [`PeerComm::synchronize`]
+/// waits, bounded.
 ///
 /// Dropping is collective, as destroying an NCCL communicator is: every rank first
 /// synchronises the streams of its calls, then drops. The drop waits (bounded by the
@@ -43,6 +46,8 @@ pub struct PeerComm {
     pub(crate) capabilities: Capabilities,
     pub(crate) registry: Arc<Registry>,
     pub(crate) barrier_stream: Arc<CudaStream>,
+    /// Where every rank's parts of a strided call cut into launches meet (`chunks`).
+    pub(crate) scratch: Scratch,
 }
 
 impl fmt::Debug for PeerComm {
@@ -77,14 +82,24 @@ impl PeerComm {
         source: Box<MakeSource<'_>>,
     ) -> Result<Self> {
         let world = bootstrap.world_size();
-        let local = prepare(device, world, &config);
+        let layout = Layout::new(
+            world,
+            config.max_bytes,
+            config.lamport_max_bytes.min(config.max_bytes),
+        );
+        let local = prepare(device, world, &config, &layout);
         let mut msg = match &local {
-            Ok((_, sms)) => [&[1u8][..], &sms.to_le_bytes()].concat(),
+            Ok(prepared) => [&[1u8][..], &prepared.sms.to_le_bytes()].concat(),
             Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
         };
         msg.extend_from_slice(format!("{config:?} {extra}").as_bytes());
         let all = bootstrap.all_gather_bytes(&msg)?;
-        let (ready, _) = local?;
+        let Prepared {
+            ready,
+            barrier_stream,
+            scratch,
+            ..
+        } = local?;
         let mut sms = u32::MAX;
         for (rank, m) in all.iter().enumerate() {
             if m.first() != Some(&1) || m.len() < 5 {
@@ -103,30 +118,24 @@ impl PeerComm {
             }
             sms = sms.min(u32::from_le_bytes(m[1..5].try_into().unwrap()));
         }
-        let layout = Layout::new(
-            world,
-            config.max_bytes,
-            config.lamport_max_bytes.min(config.max_bytes),
-        );
         let memory = source(&ready, &layout)?;
-        let ctx = ready.context().clone();
         let max_blocks = config
             .max_blocks
             .unwrap_or_else(|| (sms / memory.sharing().max(1) as u32).min(36))
             .clamp(1, MAX_BLOCKS);
         let timeout = config.timeout.unwrap_or_else(|| bootstrap.timeout());
-        let capabilities = capabilities(&config);
         Ok(PeerComm {
             name,
             group: PeerGroup::new(ready, bootstrap.rank(), world, memory, timeout),
-            barrier_stream: ctx.new_stream().map_err(driver_error)?,
+            scratch,
+            barrier_stream,
             algorithm: Cell::new(config.algorithm),
             registry: Arc::new(Registry::default()),
             bootstrap,
             config,
             layout,
             max_blocks,
-            capabilities,
+            capabilities: capabilities(),
         })
     }
 
@@ -369,7 +378,17 @@ pub fn refuse_join(bootstrap: &dyn Bootstrap, e: Error) -> Error {
     e
 }
 
-fn prepare(device: usize, world: usize, config: &PeerConfig) -> Result<(Ready, u32)> {
+/// What a rank sets up on its own before joining, so that a failure reaches every rank
+/// through the first exchange.
+struct Prepared {
+    ready: Ready,
+    /// The device's multiprocessors.
+    sms: u32,
+    barrier_stream: Arc<CudaStream>,
+    scratch: Scratch,
+}
+
+fn prepare(device: usize, world: usize, config: &PeerConfig, layout: &Layout) -> Result<Prepared> {
     if config.threads < 32 || config.threads > MAX_THREADS || config.threads % 32 != 0 {
         return Err(Error::InvalidArgument(format!(
             "peer memory: threads must be a multiple of 32 in 32..={MAX_THREADS}, got {}",
@@ -381,10 +400,17 @@ fn prepare(device: usize, world: usize, config: &PeerConfig) -> Result<(Ready, u
     let sms = ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(driver_error)?;
-    Ok((ready, sms.max(1) as u32))
+    let barrier_stream = ctx.new_stream().map_err(driver_error)?;
+    let scratch = Scratch::new(&barrier_stream, layout.cap)?;
+    Ok(Prepared {
+        ready,
+        sms: sms.max(1) as u32,
+        barrier_stream,
+        scratch,
+    })
 }
 
-fn capabilities(config: &PeerConfig) -> Capabilities {
+fn capabilities() -> Capabilities {
     let patterns = Algorithm::ALL.map(|a| (a.name(), a.pattern()));
     let mut caps = Capabilities::host_complete()
         .with_algorithms(&Algorithm::NAMES)
@@ -400,7 +426,8 @@ fn capabilities(config: &PeerConfig) -> Capabilities {
     caps.ops = OPS.to_vec();
     caps.host_memory = false;
     caps.device_memory = true;
-    caps.max_bytes = Some(config.max_bytes);
+    // Larger messages run in several launches.
+    caps.max_bytes = None;
     // Changing state lives on the device; validation exchanges at capture time only.
     caps.graph_capture_safe = true;
     caps

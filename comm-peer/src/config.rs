@@ -8,8 +8,8 @@ use comm_core::{Error, Result};
 
 use crate::algorithm::{Algorithm, parse_choice};
 
-/// Largest message by default (bytes per rank): a decode step's activations with room to
-/// spare, and small enough that eight ranks' regions fit easily on one GPU.
+/// Staging size by default (bytes per rank): a decode step's activations in one launch
+/// with room to spare, and small enough that eight ranks' regions fit easily on one GPU.
 pub const DEFAULT_MAX_BYTES: usize = 8 << 20;
 /// Threads per block.
 pub const DEFAULT_THREADS: u32 = 512;
@@ -18,7 +18,11 @@ pub const DEFAULT_THREADS: u32 = 512;
 /// when joining).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerConfig {
-    /// Largest message, in bytes per rank (all-reduce, gather input, reduce-scatter input).
+    /// Most bytes per rank one launch moves (an all-reduce's or a broadcast's message, an
+    /// all-gather's input, a reduce-scatter's whole input): the size of each staging area
+    /// of the region. Larger messages run as several launches, in order on their stream.
+    /// The region takes about 3 times this per rank, and a private scratch buffer (for
+    /// all-gathers and reduce-scatters cut into launches) as much again.
     pub max_bytes: usize,
     /// Largest push (Lamport) message; bigger ones run the pull algorithm of the same
     /// shape. The mailboxes take about `3 (world + 2)` times this per rank.

@@ -11,7 +11,9 @@
 //! release, read with acquire, two alternating sets, no peer atomics) or push (Lamport:
 //! sentinel-filled mailboxes, three rotating buffers, no barrier), reduce-scatter,
 //! all-gather, broadcast, the fused all-reduce + residual + RMSNorm, and signal
-//! primitives. Every element is reduced in rank order in f32, so every rank holds the same
+//! primitives. A message larger than the staging areas (`max_bytes` of [`PeerConfig`])
+//! runs as several launches of the same kernel, each over a part of it that starts on a
+//! 16-byte boundary, cut alike on every rank (`chunks`). Every element is reduced in rank order in f32, so every rank holds the same
 //! bits. Every spin is bounded: a kernel that gives up records why in host-mapped memory
 //! ([`PeerGroup`]), the host reports `Error::Timeout`, and the communicator is `Aborted`
 //! from then on. Everything that changes per call lives on the device, so calls can be
@@ -27,6 +29,7 @@
 #![warn(missing_docs)]
 
 pub mod algorithm;
+mod chunks;
 mod collectives;
 mod comm;
 mod communicator;
@@ -36,6 +39,7 @@ mod group;
 pub mod kernels;
 pub mod layout;
 mod registered;
+mod scratch;
 mod source;
 mod status;
 mod zero_copy;

@@ -56,8 +56,9 @@ impl CudaSymmConfig {
 /// One rank of a symmetric-memory communicator on a CUDA device.
 ///
 /// Calls check their arguments, optionally agree on them with every rank (one bootstrap
-/// exchange), and enqueue one kernel on the buffers' stream; nothing synchronises, so
-/// calls can be captured into CUDA graphs. `synchronize` (of the `PeerComm` it derefs to) waits, bounded,
+/// exchange), and enqueue their kernels on the buffers' stream (one per launch: a message
+/// larger than `max_bytes` runs as several); nothing synchronises, so calls can be
+/// captured into CUDA graphs. `synchronize` (of the `PeerComm` it derefs to) waits, bounded,
 /// and reports a kernel that gave up waiting for a peer as `Error::Timeout`; the
 /// communicator refuses work after that.
 #[derive(Debug)]

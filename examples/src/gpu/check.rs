@@ -26,8 +26,9 @@ use super::data::{all_inputs, count_wrong, decode, fnv, fused_reference, relativ
 use super::zero_copy::ZeroCopyMemory;
 use super::{Backend, GpuComm, timeout_or};
 
-/// Largest message of the checks (bytes per rank); push messages too.
-const MAX_BYTES: usize = 4 << 20;
+/// Staging of the checks (bytes per rank one launch moves; push messages too). The sweep
+/// and the large conformance case go past it, so that calls run in several launches.
+const STAGING_BYTES: usize = 4 << 20;
 
 /// What to check.
 #[derive(Debug, Clone)]
@@ -54,7 +55,7 @@ pub fn run_rank(bootstrap: Arc<dyn Bootstrap>, opts: &Options) -> bool {
         }
     };
     say(&format!(
-        "# gpu-check {}: {world} ranks, max {MAX_BYTES} bytes{}",
+        "# gpu-check {}: {world} ranks, staging {STAGING_BYTES} bytes{}",
         opts.backend.name(),
         if opts.quick { ", quick" } else { "" }
     ));
@@ -166,8 +167,8 @@ struct Check {
 impl Check {
     fn new(bootstrap: &Arc<dyn Bootstrap>, opts: &Options, algo: Algorithm) -> Result<Self> {
         let config = PeerConfig {
-            max_bytes: MAX_BYTES,
-            lamport_max_bytes: MAX_BYTES,
+            max_bytes: STAGING_BYTES,
+            lamport_max_bytes: STAGING_BYTES,
             algorithm: Some(algo),
             // Processes sharing a GPU time-slice: spins must outlast other ranks' slices.
             timeout: Some(timeout_or(Duration::from_secs(60))),
@@ -191,7 +192,8 @@ impl Check {
             seed: 0x1bc0_ffee,
             random_cases: if self.quick { 12 } else { 48 },
             max_count: 1 << 16,
-            large_count: Some(MAX_BYTES / 4),
+            // f32: just over twice the staging, three launches, the last of one element.
+            large_count: Some(STAGING_BYTES / 2 + 1),
             error_cases: true,
         }
     }
@@ -220,18 +222,19 @@ impl Check {
         ))
     }
 
-    /// Sizes from 1 element to the maximum, odd ones included, every dtype and op.
+    /// Sizes from 1 element to past the staging, odd ones included, every dtype and op: one
+    /// launch's worth, and two launches' and a part vector more.
     fn sweep(&self) -> Result<String> {
         let mut counts: Vec<usize> = vec![1, 2, 3, 7, 8, 9, 15, 17, 63, 65, 1001, 4097, 21504];
         if !self.quick {
             counts.extend([65537, (1 << 20) + 3]);
         }
+        let largest = |dtype: DType| 2 * (STAGING_BYTES / dtype.size()) + 5;
         let mut cases = 0;
         let mut seed = 17u64;
         for dtype in [DType::BF16, DType::F16, DType::F32] {
-            let max_count = MAX_BYTES / dtype.size();
-            for &count in counts.iter().chain([&max_count]) {
-                let count = count.min(max_count);
+            let staged = STAGING_BYTES / dtype.size();
+            for &count in counts.iter().chain([&staged, &largest(dtype)]) {
                 for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min] {
                     // Big cases once per dtype with sum only: they cost seconds time-sliced.
                     if count > 65537 && op != ReduceOp::Sum {
@@ -245,13 +248,18 @@ impl Check {
                 }
             }
         }
-        // In place, both modes, at an odd size.
-        for zero_copy in [false, true] {
-            seed += 1;
-            self.one_case(DType::BF16, ReduceOp::Sum, 21503, seed, zero_copy, true)?;
-            cases += 1;
+        // In place, both modes, at odd sizes of one launch and of three.
+        for count in [21503, largest(DType::BF16)] {
+            for zero_copy in [false, true] {
+                seed += 1;
+                self.one_case(DType::BF16, ReduceOp::Sum, count, seed, zero_copy, true)?;
+                cases += 1;
+            }
         }
-        Ok(format!("{cases} cases, counts 1..={}", MAX_BYTES / 2))
+        Ok(format!(
+            "{cases} cases, counts 1..={}",
+            largest(DType::BF16)
+        ))
     }
 
     /// One call on fresh data, checked against the f64 reference and across ranks.
