@@ -139,3 +139,19 @@ pub fn run_threads<R: Send>(
             .collect())
     })
 }
+
+/// Asks CUDA for 32 hardware work queues per device instead of 8, unless the user chose.
+/// Call first thing in `main`, before any thread or CUDA call.
+///
+/// Why: CUDA maps streams onto a device's hardware queues, several streams per queue when
+/// there are more streams than queues, and work behind a running kernel in one queue waits
+/// for it. Ranks that are threads sharing one GPU each spin in a kernel until their peers'
+/// kernels arrive; a peer's kernel queued behind that spin would wait for the whole
+/// timeout. More queues make that rare (it cannot be ruled out with many streams).
+pub fn prefer_more_hardware_queues() {
+    const VAR: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+    if std::env::var_os(VAR).is_none() {
+        // SAFETY: called at the start of `main`, before this program starts any thread.
+        unsafe { std::env::set_var(VAR, "32") };
+    }
+}

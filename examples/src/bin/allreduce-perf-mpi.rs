@@ -3,5 +3,6 @@
 //! `allreduce-perf` (environment bootstrap) as it was.
 
 fn main() -> std::process::ExitCode {
+    comm_examples::launch::prefer_more_hardware_queues();
     comm_examples::perf::cli::main()
 }

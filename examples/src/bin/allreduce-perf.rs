@@ -2,5 +2,6 @@
 //! See `allreduce-perf --help` and [`comm_examples::perf`].
 
 fn main() -> std::process::ExitCode {
+    comm_examples::launch::prefer_more_hardware_queues();
     comm_examples::perf::cli::main()
 }

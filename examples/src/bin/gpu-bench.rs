@@ -22,6 +22,7 @@ const USAGE: &str = "usage: gpu-bench --backend ipc|symm-cuda [--ranks N | --pro
                      [--backing auto|vmm|ipc]";
 
 fn main() -> ExitCode {
+    comm_examples::launch::prefer_more_hardware_queues();
     let opts = match parse() {
         Ok(Some(o)) => o,
         Ok(None) => {

@@ -24,6 +24,7 @@ const USAGE: &str = "usage: gpu-check --backend ipc|symm-cuda [--algo NAME,...] 
                      [--cycles N] [--backing auto|vmm|ipc] [--ranks N]";
 
 fn main() -> ExitCode {
+    comm_examples::launch::prefer_more_hardware_queues();
     let (opts, ranks) = match parse() {
         Ok(Some(v)) => v,
         Ok(None) => {

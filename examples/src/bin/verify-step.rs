@@ -2,5 +2,6 @@
 //! per backend and for `auto`; see `comm_examples::step`.
 
 fn main() -> std::process::ExitCode {
+    comm_examples::launch::prefer_more_hardware_queues();
     comm_examples::step::main()
 }
