@@ -82,6 +82,21 @@ pub enum TrafficPattern {
     GatherAll,
 }
 
+/// What happens when ranks disagree about a call (another count, dtype, collective...),
+/// or when some rank rejects its arguments while others accept theirs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Disagreements {
+    /// Settled before anything runs (the ranks exchange their calls): the call fails on
+    /// every rank and the communicator stays usable.
+    Settled,
+    /// Found by the work itself, with no exchange per call (device kernels compare the
+    /// calls): every rank gets an error from the call or, for enqueued work, from its next
+    /// call or [`Communicator::async_error`]; the communicator is unusable afterwards, as
+    /// after an NCCL asynchronous error. No output is written.
+    Poison,
+}
+
 /// What a backend can do. A call outside these gets [`Error::Unsupported`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -106,6 +121,8 @@ pub struct Capabilities {
     pub pattern: Option<TrafficPattern>,
     /// How each named algorithm that has a known pattern moves data.
     pub algorithm_patterns: Vec<(String, TrafficPattern)>,
+    /// What ranks that disagree about a call get.
+    pub disagreements: Disagreements,
 }
 
 impl Capabilities {
@@ -122,6 +139,7 @@ impl Capabilities {
             algorithms: Vec::new(),
             pattern: None,
             algorithm_patterns: Vec::new(),
+            disagreements: Disagreements::Settled,
         }
     }
 
@@ -289,6 +307,15 @@ pub trait Communicator: Send {
 
     /// Returns once every rank has entered the barrier.
     fn barrier(&self) -> Result<()>;
+
+    /// An error that enqueued work recorded after its call returned (as NCCL's
+    /// `ncclCommGetAsyncError`): device backends whose kernels find that ranks disagree
+    /// about a call, or that a peer never came, report it here once the work has been
+    /// waited for (and at their next call). Such an error leaves the communicator unusable.
+    /// Host backends finish every call before returning: `Ok` always.
+    fn async_error(&self) -> Result<()> {
+        Ok(())
+    }
 
     /// Uses `algorithm` (one of [`Capabilities::algorithms`]) for the following calls, or
     /// the backend's own choice for `None`. Every rank must choose alike. Backends without

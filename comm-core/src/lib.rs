@@ -45,7 +45,9 @@ pub use bootstrap::MpiBootstrap;
 pub use bootstrap::{Bootstrap, EnvBootstrap, LaunchInfo, ThreadsBootstrap};
 pub use buffer::{BufferMut, BufferRef, MemoryLocation, RawStream};
 pub use call::CallDescriptor;
-pub use communicator::{Capabilities, Collective, Communicator, CommunicatorExt, TrafficPattern};
+pub use communicator::{
+    Capabilities, Collective, Communicator, CommunicatorExt, Disagreements, TrafficPattern,
+};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{BoxError, Error, Result};
 pub use half::{bf16, f16};

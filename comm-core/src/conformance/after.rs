@@ -316,7 +316,8 @@ fn sum_of_ranks(
     Ok(values.iter().all(|v| *v == values[0]).then(|| values[0]))
 }
 
-/// Issues `call` with every element [`STALE`]; device errors may surface on reading.
+/// Issues `call` with every element [`STALE`]; device errors may surface once it was
+/// waited for.
 fn issue(comm: &dyn Communicator, memory: &dyn TestMemory, call: &Call) -> Result<()> {
     let recv_len = match call.collective {
         Collective::AllGather => call.count * comm.world_size(),
@@ -331,5 +332,6 @@ fn issue(comm: &dyn Communicator, memory: &dyn TestMemory, call: &Call) -> Resul
         Collective::AllGather => comm.all_gather(src, dst)?,
         _ => comm.all_reduce(src, dst, ReduceOp::Sum)?,
     }
-    recv.read().map(drop)
+    recv.read()?;
+    comm.async_error()
 }

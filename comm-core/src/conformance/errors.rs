@@ -1,13 +1,18 @@
 //! Bad input: every rank must get a clear error, nothing may hang, and the communicator
-//! must stay usable.
+//! must stay usable. Backends whose kernels find disagreements themselves
+//! ([`Disagreements::Poison`]) are unusable after ranks disagree: for them the cases where
+//! all ranks fail alike run first, then one case where a single rank rejects its
+//! arguments, last (count and dtype disagreements are `check_disagreement`'s, on fresh
+//! communicators).
 
 use super::cases::Case;
 use super::{Failure, Report, Suite, failure};
-use crate::communicator::Collective;
+use crate::communicator::{Collective, Disagreements};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 
 /// One rank's arguments for an error case: lengths and dtype of send and recv.
+#[derive(Clone, Copy)]
 struct BadCall {
     name: &'static str,
     collective: Collective,
@@ -19,6 +24,8 @@ struct BadCall {
     /// Present the send buffer as device memory (it is host memory, so a backend that
     /// wrongly dereferences it cannot crash, but must still refuse it).
     device_send: bool,
+    /// Only some ranks make this call (or make it alike): the ranks disagree.
+    disagreeing: bool,
 }
 
 pub(super) fn run(suite: &Suite<'_>, report: &mut Report) -> Result<(), Failure> {
@@ -37,27 +44,37 @@ pub(super) fn run(suite: &Suite<'_>, report: &mut Report) -> Result<(), Failure>
         recv_len,
         root: 0,
         device_send: false,
+        disagreeing: false,
     };
 
     if n > 1 {
         let len = if rank == 0 { 9 } else { 8 };
-        calls.push(all_reduce("counts differ across ranks", dtype, len, len));
+        calls.push(BadCall {
+            disagreeing: true,
+            ..all_reduce("counts differ across ranks", dtype, len, len)
+        });
     } else {
         report
             .skipped
             .push("count mismatch: needs two ranks".into());
     }
     let recv_len = if rank == last { 7 } else { 8 };
-    calls.push(all_reduce(
-        "output buffer too small on the last rank",
-        dtype,
-        8,
-        recv_len,
-    ));
+    let one_rank_rejects = BadCall {
+        disagreeing: n > 1,
+        ..all_reduce(
+            "output buffer too small on the last rank",
+            dtype,
+            8,
+            recv_len,
+        )
+    };
     match (n > 1, suite.dtypes.get(1)) {
         (true, Some(&other)) => {
             let d = if rank == 0 { other } else { dtype };
-            calls.push(all_reduce("dtypes differ across ranks", d, 8, 8));
+            calls.push(BadCall {
+                disagreeing: true,
+                ..all_reduce("dtypes differ across ranks", d, 8, 8)
+            });
         }
         _ => report
             .skipped
@@ -73,6 +90,7 @@ pub(super) fn run(suite: &Suite<'_>, report: &mut Report) -> Result<(), Failure>
             recv_len: 4,
             root: 0,
             device_send: false,
+            disagreeing: false,
         });
     }
     if has(Collective::Broadcast) {
@@ -85,6 +103,7 @@ pub(super) fn run(suite: &Suite<'_>, report: &mut Report) -> Result<(), Failure>
             recv_len: 8,
             root: n,
             device_send: false,
+            disagreeing: false,
         });
     }
     match DType::ALL.into_iter().find(|d| !suite.dtypes.contains(d)) {
@@ -110,7 +129,18 @@ pub(super) fn run(suite: &Suite<'_>, report: &mut Report) -> Result<(), Failure>
         });
     }
 
+    let poisons = suite.comm.capabilities().disagreements == Disagreements::Poison;
+    if !poisons {
+        calls.push(one_rank_rejects);
+    }
     for call in &calls {
+        if poisons && call.disagreeing {
+            report.skipped.push(format!(
+                "{}: checked by check_disagreement (it leaves the communicator unusable)",
+                call.name
+            ));
+            continue;
+        }
         expect_error_everywhere(suite, call)?;
         report.error_cases += 1;
     }
@@ -127,7 +157,26 @@ pub(super) fn run(suite: &Suite<'_>, report: &mut Report) -> Result<(), Failure>
     };
     suite
         .check(&sane)
-        .map_err(|f| failure("a good call after the error cases", f))
+        .map_err(|f| failure("a good call after the error cases", f))?;
+    if poisons {
+        // Last: the communicator is unusable afterwards, so each rank judges its own error
+        // (the harness compares the ranks' reports).
+        let call = &one_rank_rejects;
+        match issue(suite, call) {
+            Err(Error::InvalidArgument(_) | Error::Mismatch(_) | Error::Unsupported(_)) => {}
+            other => {
+                return Err(failure(
+                    call.name,
+                    format!(
+                        "rank {}: expected a clear error, got {other:?}",
+                        suite.comm.rank()
+                    ),
+                ));
+            }
+        }
+        report.error_cases += 1;
+    }
+    Ok(())
 }
 
 fn expect_error_everywhere(suite: &Suite<'_>, call: &BadCall) -> Result<(), Failure> {
@@ -196,6 +245,8 @@ fn issue(suite: &Suite<'_>, call: &BadCall) -> Result<()> {
         Collective::AllGather => comm.all_gather(send.view(0, call.send_len), out),
         Collective::Barrier => comm.barrier(),
     };
-    // Device backends may report errors of enqueued work only when it is waited for.
-    result.and_then(|()| recv.read().map(drop))
+    // Device backends may report errors of enqueued work only once it has been waited for.
+    result
+        .and_then(|()| recv.read().map(drop))
+        .and_then(|()| comm.async_error())
 }
