@@ -16,7 +16,7 @@
 //!
 //! Settings come from [`IpcConfig`] or the environment: `COMM_IPC_MAX_BYTES`,
 //! `COMM_IPC_LAMPORT_MAX_BYTES`, `COMM_IPC_ALGO`, `COMM_IPC_TIMEOUT_SECS`,
-//! `COMM_IPC_VALIDATE`, `COMM_IPC_MAX_BLOCKS`, `COMM_IPC_THREADS`.
+//! `COMM_IPC_AGREE_ON_HOST`, `COMM_IPC_MAX_BLOCKS`, `COMM_IPC_THREADS`.
 #![warn(missing_docs)]
 
 mod comm;

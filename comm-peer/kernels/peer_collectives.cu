@@ -28,7 +28,7 @@ template <int DT, int OP> __device__ void peer_oneshot_pull(const PeerArgs& a, c
             nvec, [&](uint64_t v) { return peer_load_user<DT>(a.input, v, a.count, aligned); },
             [&](uint64_t v, uint4 w) { mine[v] = w; });
     }
-    if (!peer_barrier(a, c, 0)) return;
+    if (!peer_check_calls(a, c) || !peer_barrier(a, c, 0)) return;
     for (uint64_t v = peer_tid(); v < nvec; v += peer_stride()) {
         uint4 w[PEER_MAX_RANKS];
 #pragma unroll
@@ -63,7 +63,7 @@ template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, c
                 [&](uint64_t i, uint4 w) { mine[first + i] = w; });
         }
     }
-    if (!peer_barrier(a, c, 0)) return;
+    if (!peer_check_calls(a, c) || !peer_barrier(a, c, 0)) return;
     uint4* tmp = reinterpret_cast<uint4*>(c.region[me] + a.off_tmp);
     for (uint64_t i = peer_tid(); i < S && me * S + i < nvec; i += peer_stride()) {
         const uint64_t v = me * S + i;
@@ -97,6 +97,7 @@ template <int DT, int OP> __device__ void peer_oneshot_push(const PeerArgs& a, c
     const uint64_t slot0 = a.off_push + (uint64_t)(c.seq % 3u) * a.world * a.lcap;
     for (uint64_t v = peer_tid(); v < nvec; v += peer_stride())
         peer_push(a, c, slot0, a.lcap, v, peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned)));
+    if (!peer_check_calls(a, c)) return;
     const char* inbox = c.region[a.rank] + slot0;
     for (uint64_t v = peer_tid(); v < nvec; v += peer_stride()) {
         uint4 w[PEER_MAX_RANKS];
@@ -122,6 +123,7 @@ template <int DT, int OP> __device__ void peer_twoshot_push(const PeerArgs& a, c
         for (uint64_t i = peer_tid(); i < S && s * S + i < nvec; i += peer_stride())
             peer_st_volatile(dst + i, peer_sanitize<DT>(peer_load_user<DT>(a.input, s * S + i, a.count, aligned)));
     }
+    if (!peer_check_calls(a, c)) return;
     const char* inbox = c.region[me] + recv0;
     for (uint64_t i = peer_tid(); i < S && me * S + i < nvec; i += peer_stride()) {
         const uint64_t v = me * S + i;
@@ -154,6 +156,7 @@ template <int DT, int OP> __device__ void peer_twoshot_push(const PeerArgs& a, c
 
 template <int ALGO, int DT, int OP> __device__ void peer_all_reduce(const PeerArgs& a) {
     PEER_PROLOGUE(a, c)
+    peer_publish_call(a, c);
     const uint64_t nvec = (a.count + PeerDt<DT>::VEC - 1) / PeerDt<DT>::VEC;
     const uint64_t S = (nvec + a.world - 1) / a.world;
     if constexpr (ALGO == PEER_ONESHOT_PULL) peer_oneshot_pull<DT, OP>(a, c, nvec);
@@ -172,6 +175,7 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce(const PeerAr
 // written and read by the same block.
 template <int DT, int OP> __device__ void peer_reduce_scatter(const PeerArgs& a) {
     PEER_PROLOGUE(a, c)
+    peer_publish_call(a, c);
     constexpr int VEC = PeerDt<DT>::VEC;
     const uint64_t svec = (a.count + VEC - 1) / VEC;
     const uint64_t half = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
@@ -184,7 +188,7 @@ template <int DT, int OP> __device__ void peer_reduce_scatter(const PeerArgs& a)
             svec, [&](uint64_t i) { return peer_load_user<DT>(src, i, a.count, slices_aligned); },
             [&](uint64_t i, uint4 w) { mine[s * svec + i] = w; });
     }
-    if (peer_barrier(a, c, 0)) {
+    if (peer_check_calls(a, c) && peer_barrier(a, c, 0)) {
         for (uint64_t i = peer_tid(); i < svec; i += peer_stride())
             peer_store_user<DT>(a.output, i, a.count, a.aligned != 0,
                                 peer_reduce_staged<DT, OP>(a, c, half, a.rank * svec + i));
@@ -195,13 +199,14 @@ template <int DT, int OP> __device__ void peer_reduce_scatter(const PeerArgs& a)
 // all_gather (bytes): stage, barrier, copy every rank's staged input to its place.
 extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_all_gather(PeerArgs a) {
     PEER_PROLOGUE(a, c)
+    peer_publish_call(a, c);
     const uint64_t bytes = a.count, nvec = (bytes + 15) / 16;
     const uint64_t half = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
     uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + half);
     peer_copy(
         nvec, [&](uint64_t v) { return peer_load_bytes(a.input, v, bytes, a.aligned != 0); },
         [&](uint64_t v, uint4 w) { mine[v] = w; });
-    if (peer_barrier(a, c, 0)) {
+    if (peer_check_calls(a, c) && peer_barrier(a, c, 0)) {
         for (uint32_t k = 0; k < a.world; ++k) {
             const uint32_t p = (a.rank + k) % a.world;
             const uint4* src = reinterpret_cast<const uint4*>(c.region[p] + half);
@@ -218,6 +223,7 @@ extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_all_gather(P
 // broadcast (bytes, in place): the root stages, barrier, everyone else copies.
 extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_broadcast(PeerArgs a) {
     PEER_PROLOGUE(a, c)
+    peer_publish_call(a, c);
     const uint64_t bytes = a.count, nvec = (bytes + 15) / 16;
     const uint64_t half = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
     const bool aligned = a.aligned != 0;
@@ -227,7 +233,7 @@ extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_broadcast(Pe
             nvec, [&](uint64_t v) { return peer_load_bytes(a.output, v, bytes, aligned); },
             [&](uint64_t v, uint4 w) { mine[v] = w; });
     }
-    if (peer_barrier(a, c, 0) && a.rank != a.root) {
+    if (peer_check_calls(a, c) && peer_barrier(a, c, 0) && a.rank != a.root) {
         const uint4* src = reinterpret_cast<const uint4*>(c.region[a.root] + half);
         peer_copy(
             nvec, [&](uint64_t v) { return peer_ld_cg(src + v); },
@@ -294,6 +300,7 @@ __device__ __forceinline__ void peer_norm_row(const PeerArgs& a, uint64_t row, u
 
 template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
     PEER_PROLOGUE(a, c)
+    peer_publish_call(a, c);
     const uint64_t rvec = a.hidden / 8, rows = a.count / a.hidden, nvec = rows * rvec;
     const uint4* in = reinterpret_cast<const uint4*>(a.input);
     if constexpr (ALGO == PEER_ONESHOT_PUSH) {
@@ -302,7 +309,8 @@ template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
             for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x)
                 peer_push(a, c, slot0, a.lcap, row * rvec + j, peer_sanitize<COMM_BF16>(in[row * rvec + j]));
         const char* inbox = c.region[a.rank] + slot0;
-        for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const bool agreed = peer_check_calls(a, c);
+        for (uint64_t row = blockIdx.x; agreed && row < rows; row += gridDim.x) {
             peer_norm_row(a, row, rvec, [&](uint64_t j) {
                 uint4 w[PEER_MAX_RANKS];
                 const uint64_t v = row * rvec + j;
@@ -316,7 +324,7 @@ template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
         uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + half);
         for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x)
             for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x) mine[row * rvec + j] = in[row * rvec + j];
-        if (peer_barrier(a, c, 0)) {
+        if (peer_check_calls(a, c) && peer_barrier(a, c, 0)) {
             for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x)
                 peer_norm_row(a, row, rvec, [&](uint64_t j) {
                     return peer_reduce_staged<COMM_BF16, COMM_SUM>(a, c, half, row * rvec + j);
@@ -354,6 +362,16 @@ extern "C" __global__ void peer_barrier_kernel(PeerArgs a) {
         peer_put_signal(a, c, p, a.channel);
         peer_wait_signal(a, c, p, a.channel);
     }
+}
+
+// A rank that rejected its arguments takes part in the call's agreement all the same (its
+// call words say so), so that its peers fail at once rather than wait for it; when every
+// rank rejected, the calls agree and the call number advances everywhere alike.
+extern "C" __global__ void peer_abstain(PeerArgs a) {
+    PEER_PROLOGUE(a, c)
+    peer_publish_call(a, c);
+    peer_check_calls(a, c);
+    peer_epilogue(a, c, 0, 0, 0);
 }
 
 // ---------------------------------------------------------------------------------------

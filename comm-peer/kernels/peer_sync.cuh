@@ -7,6 +7,7 @@
 //
 //   [0, 8 KiB)          PeerPad.flags: per-block barrier flags that PEERS store into (two sets)
 //   [8 KiB, +128)       PeerPad.chan: signal slots of the user channels, [channel][sender]
+//   [8 KiB + 128, +512) PeerPad.calls: every rank's call descriptor, [call parity][sender]
 //   [12 KiB, 16 KiB)    PeerState: this rank's own bookkeeping (never written by peers)
 //   off_data            2 x cap: staged inputs, by call parity
 //   off_tmp             cap: two-shot pull's reduced slice
@@ -36,6 +37,14 @@
 //   the failure in host-mapped memory (status) and in PeerState.abort (so that the other
 //   blocks and every later launch stop at once), and returns; the host reports
 //   Error::Timeout, then Error::Aborted.
+// - Calls agree on the device, with no host round trip: block 0 of every rank stores its
+//   call (collective, dtype, op, count, root, algorithm, zero-copy offset) into its slot of
+//   every peer's pad, tagged with the call number; before any rank waits on a peer or
+//   writes its output, every block compares each peer's call with its own. A difference
+//   is recorded like a timeout (both calls in the status), so every rank stops, writes no
+//   output, and reports Error::Mismatch naming both calls; the communicator is unusable
+//   afterwards, as after an NCCL asynchronous error. A rank that rejects its arguments
+//   still launches (peer_abstain), so that its peers learn at once instead of waiting.
 
 #define PEER_MAX_RANKS 8
 #define PEER_MAX_BLOCKS 128
@@ -48,15 +57,27 @@
 #define PEER_TIMEOUT_BARRIER 1
 #define PEER_TIMEOUT_LAMPORT 2
 #define PEER_TIMEOUT_SIGNAL 3
+#define PEER_MISMATCH 4
+#define PEER_TIMEOUT_CALL 5
+
+// Words of a call descriptor (comm_peer::kernels::CALL_WORDS).
+#define PEER_CALL_WORDS 7
 
 // Lamport mailbox kinds (first index of PeerState.used).
 #define PEER_MB_ONESHOT 0
 #define PEER_MB_RECV 1
 #define PEER_MB_RESULT 2
 
+// One rank's call as a peer sees it; `tag` (call number + 1) is stored last, with release.
+struct PeerCall {
+    uint32_t w[PEER_CALL_WORDS];
+    uint32_t tag;
+};
+
 struct PeerPad {
     uint32_t flags[2][PEER_MAX_BLOCKS][PEER_MAX_RANKS];
     uint32_t chan[PEER_CHANNELS][PEER_MAX_RANKS];
+    PeerCall calls[2][PEER_MAX_RANKS];
 };
 
 struct PeerState {
@@ -81,7 +102,7 @@ struct PeerArgs {
     const char* weight;       // fused op: RMSNorm weight [hidden]
     const PeerTable* regions; // every rank's region, as mapped in this process
     const PeerTable* inputs;  // zero-copy: every rank's registered input buffer; else null
-    uint32_t* status;         // host-mapped: [code, rank, phase, peer]
+    uint32_t* status;         // host-mapped: [code, rank, phase, peer, mine[7], theirs[7]]
     uint64_t in_off;          // zero-copy: byte offset of the input in its registered buffer
     uint64_t count;           // elements (all-reduce, fused: rows * hidden); bytes for gather/bcast
     uint64_t cap;             // bytes of one staging half (a multiple of 16)
@@ -98,6 +119,7 @@ struct PeerArgs {
     uint32_t root;            // broadcast root
     uint32_t peer;            // signal primitives: the peer
     uint32_t channel;         // signal primitives: the channel
+    uint32_t call[PEER_CALL_WORDS + 1];  // this call, as every rank must see it (last word unused)
 };
 
 // ---------------------------------------------------------------------------------------
@@ -235,6 +257,62 @@ __device__ bool peer_wait_signal(const PeerArgs& a, const PeerCtx& c, uint32_t p
     const uint32_t v = *seen + 1u;
     *seen = v;
     return peer_wait_value(a, c, &peer_pad(c, a.rank)->chan[channel][peer], v, PEER_TIMEOUT_SIGNAL, channel, peer);
+}
+
+// ---------------------------------------------------------------------------------------
+// Agreement on the call (see top).
+
+// Stores this rank's call into its slot of every peer's pad: block 0, thread p for peer p.
+// First thing in a kernel, so that it travels while the rank stages or pushes its data.
+__device__ __forceinline__ void peer_publish_call(const PeerArgs& a, const PeerCtx& c) {
+    const uint32_t p = threadIdx.x;
+    if (blockIdx.x != 0 || p >= a.world || p == a.rank) return;
+    PeerCall* slot = &peer_pad(c, p)->calls[c.seq & 1u][a.rank];
+#pragma unroll
+    for (int i = 0; i < PEER_CALL_WORDS; ++i) *(volatile uint32_t*)&slot->w[i] = a.call[i];
+    peer_st_release(&slot->tag, c.seq + 1u, a.gpu_scope != 0);
+}
+
+// Records that peer `peer` makes another call than this rank (the first failure wins).
+__device__ void peer_fail_mismatch(const PeerArgs& a, const PeerCtx& c, uint32_t peer, const uint32_t* theirs) {
+    *c.dead = 1;
+    *(volatile uint32_t*)&c.state->abort = 1;
+    volatile uint32_t* s = a.status;
+    if (s[0] == PEER_OK) {
+        s[1] = a.rank;
+        s[2] = 0;
+        s[3] = peer;
+        for (int i = 0; i < PEER_CALL_WORDS; ++i) {
+            s[4 + i] = a.call[i];
+            s[4 + PEER_CALL_WORDS + i] = theirs[i];
+        }
+        __threadfence_system();
+        s[0] = PEER_MISMATCH;
+    }
+    __threadfence_system();
+}
+
+// Every block, before it waits on a peer or writes output: thread p compares peer p's call
+// with this rank's. False when the block must stop (a mismatch, a wait that gave up).
+// Peers can be at most one call ahead (every call waits for every rank), so the slot of
+// this call's parity holds this call's tag or the one of two calls before.
+__device__ bool peer_check_calls(const PeerArgs& a, const PeerCtx& c) {
+    const uint32_t p = threadIdx.x;
+    if (p < a.world && p != a.rank && !*c.dead) {
+        const PeerCall* slot = &peer_pad(c, a.rank)->calls[c.seq & 1u][p];
+        if (peer_wait_value(a, c, &slot->tag, c.seq + 1u, PEER_TIMEOUT_CALL, 0, p)) {
+            uint32_t theirs[PEER_CALL_WORDS];
+            bool same = true;
+#pragma unroll
+            for (int i = 0; i < PEER_CALL_WORDS; ++i) {
+                theirs[i] = *(const volatile uint32_t*)&slot->w[i];
+                same &= theirs[i] == a.call[i];
+            }
+            if (!same) peer_fail_mismatch(a, c, p, theirs);
+        }
+    }
+    __syncthreads();
+    return !*c.dead;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -72,7 +72,8 @@ impl PeerComm {
         };
         let plan = self.plan(recv.bytes(), send_addr, send.is_none());
         let mine = self.checked(described, &locations);
-        let (call, stream) = self.agree(mine, &plan.bytes())?;
+        let agreed = self.agree(mine, &plan.bytes(), &locations)?;
+        let (call, stream) = (agreed.call, agreed.stream);
         let bytes = call.send_bytes();
         if bytes == 0 {
             return Ok(());
@@ -100,7 +101,7 @@ impl PeerComm {
             let args = PeerArgs {
                 inputs: plan.zero_copy.map_or(0, |(table, _)| table),
                 in_off: plan.zero_copy.map_or(0, |(_, in_off)| in_off + at),
-                ..self.io_args(send_addr + at, recv_addr + at, count as u64)
+                ..self.io_args(&agreed, send_addr + at, recv_addr + at, count as u64)
             };
             self.group.launch(
                 &kernel,
@@ -116,11 +117,10 @@ impl PeerComm {
     pub fn gather(&self, send: BufferRef<'_>, recv: BufferMut<'_>) -> Result<()> {
         self.group.live()?;
         let world = self.group.world_size();
-        let mine = self.checked(
-            CallDescriptor::all_gather(&send, &recv, world),
-            &[send.location(), recv.location()],
-        );
-        let (call, stream) = self.agree(mine, &[])?;
+        let locations = [send.location(), recv.location()];
+        let mine = self.checked(CallDescriptor::all_gather(&send, &recv, world), &locations);
+        let agreed = self.agree(mine, &[], &locations)?;
+        let (call, stream) = (agreed.call, agreed.stream);
         let bytes = call.send_bytes();
         let (send, recv) = (send.addr() as u64, recv.addr() as u64);
         let scratch = self.scratch.addr();
@@ -128,7 +128,7 @@ impl PeerComm {
         for part in cut.chunks(bytes) {
             let at = part.offset as u64;
             let output = if cut.via_scratch { scratch } else { recv + at };
-            let args = self.io_args(send + at, output, part.bytes as u64);
+            let args = self.io_args(&agreed, send + at, output, part.bytes as u64);
             let grid = self.grid(part.bytes.div_ceil(16));
             self.group.launch("peer_all_gather", grid, stream, &args)?;
             if cut.via_scratch {
@@ -155,11 +155,13 @@ impl PeerComm {
     ) -> Result<()> {
         self.group.live()?;
         let world = self.group.world_size();
+        let locations = [send.location(), recv.location()];
         let mine = self.checked(
             CallDescriptor::reduce_scatter(&send, &recv, op, world),
-            &[send.location(), recv.location()],
+            &locations,
         );
-        let (call, stream) = self.agree(mine, &[])?;
+        let agreed = self.agree(mine, &[], &locations)?;
+        let (call, stream) = (agreed.call, agreed.stream);
         let size = call.dtype.size();
         let bytes = call.count as usize / world * size;
         let (send, recv) = (send.addr() as u64, recv.addr() as u64);
@@ -183,7 +185,7 @@ impl PeerComm {
                 send + at
             };
             let count = part.bytes / size;
-            let args = self.io_args(input, recv + at, count as u64);
+            let args = self.io_args(&agreed, input, recv + at, count as u64);
             let grid = self.grid(count.div_ceil(16 / size));
             self.group.launch(&kernel, grid, stream, &args)?;
         }
@@ -194,11 +196,10 @@ impl PeerComm {
     pub fn bcast(&self, buf: BufferMut<'_>, root: usize) -> Result<()> {
         self.group.live()?;
         let world = self.group.world_size();
-        let mine = self.checked(
-            CallDescriptor::broadcast(&buf, root, world),
-            &[buf.location()],
-        );
-        let (call, stream) = self.agree(mine, &[])?;
+        let locations = [buf.location()];
+        let mine = self.checked(CallDescriptor::broadcast(&buf, root, world), &locations);
+        let agreed = self.agree(mine, &[], &locations)?;
+        let (call, stream) = (agreed.call, agreed.stream);
         let bytes = call.send_bytes();
         if bytes == 0 || world == 1 {
             return Ok(());
@@ -208,7 +209,7 @@ impl PeerComm {
             let at = addr + part.offset as u64;
             let args = PeerArgs {
                 root: root as u32,
-                ..self.io_args(at, at, part.bytes as u64)
+                ..self.io_args(&agreed, at, at, part.bytes as u64)
             };
             let grid = self.grid(part.bytes.div_ceil(16));
             self.group.launch("peer_broadcast", grid, stream, &args)?;

@@ -9,12 +9,14 @@ use std::time::Duration;
 
 use comm_core::call::{DESCRIPTOR_BYTES, decode_verdict, encode_verdict, settle};
 use comm_core::cuda::cudarc::driver::{CudaContext, CudaStream, sys};
-use comm_core::cuda::{driver_error, probe};
+use comm_core::cuda::{driver_error, probe, raw_stream};
 use comm_core::{
-    Bootstrap, CallDescriptor, Capabilities, Collective, Error, MemoryLocation, RawStream, Result,
+    Bootstrap, CallDescriptor, Capabilities, Collective, Disagreements, Error, MemoryLocation,
+    RawStream, Result,
 };
 
 use crate::algorithm::{Algorithm, parse_choice};
+use crate::calls::{self, CallWords};
 use crate::config::PeerConfig;
 use crate::group::{PeerGroup, Ready};
 use crate::kernels::{DTYPES, OPS, PeerArgs};
@@ -60,6 +62,15 @@ impl fmt::Debug for PeerComm {
             .field("max_blocks", &self.max_blocks)
             .finish_non_exhaustive()
     }
+}
+
+/// A call every rank makes alike (as far as this rank can tell before launching): the
+/// call, its stream, and its words for the kernels' comparison.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Agreed {
+    pub(crate) call: CallDescriptor,
+    pub(crate) stream: RawStream,
+    pub(crate) words: CallWords,
 }
 
 /// Makes this rank's peer memory for a layout, collectively (every rank calls it once).
@@ -132,10 +143,10 @@ impl PeerComm {
             algorithm: Cell::new(config.algorithm),
             registry: Arc::new(Registry::default()),
             bootstrap,
+            capabilities: capabilities(&config),
             config,
             layout,
             max_blocks,
-            capabilities: capabilities(),
         })
     }
 
@@ -275,16 +286,60 @@ impl PeerComm {
         Ok((call, self.stream_of(locations)?))
     }
 
-    /// With validation: every rank's verdict and plan (`plan` bytes), so that all fail or
-    /// go on together; a local failure is reported as itself.
+    /// Settles this rank's checked call (`mine`) and `plan` (what else it decided, bytes)
+    /// with the other ranks; `locations` are the call's buffers. Every call, failed or not,
+    /// takes part in the kernels' agreement: a rank that rejects its arguments launches
+    /// [`Self::abstain`], so that its peers fail at once rather than wait, and returns its
+    /// own error. With `agree_on_host`, every rank's verdict and plan are first exchanged
+    /// through the bootstrap, so that all fail or go on together before any launch.
     pub(crate) fn agree(
         &self,
         mine: Result<(CallDescriptor, RawStream)>,
         plan: &[u8],
-    ) -> Result<(CallDescriptor, RawStream)> {
-        if !self.config.validate || self.group.world_size() == 1 {
-            return mine;
+        locations: &[MemoryLocation],
+    ) -> Result<Agreed> {
+        let mine = if self.config.agree_on_host && self.group.world_size() > 1 {
+            self.agree_on_host(mine, plan)
+        } else {
+            mine
+        };
+        match mine {
+            Ok((call, stream)) => Ok(Agreed {
+                call,
+                stream,
+                words: calls::encode(&call, plan),
+            }),
+            Err(e) => {
+                if !self.config.agree_on_host && self.group.world_size() > 1 {
+                    let stream = self
+                        .stream_of(locations)
+                        .unwrap_or_else(|_| raw_stream(&self.barrier_stream));
+                    if let Err(launch) = self.abstain(stream) {
+                        return Err(self.group.fail(launch));
+                    }
+                }
+                Err(e)
+            }
         }
+    }
+
+    /// Takes part in a call's agreement without making the call (see `peer_abstain`).
+    fn abstain(&self, stream: RawStream) -> Result<()> {
+        self.group.live()?;
+        let args = PeerArgs {
+            call: calls::REJECTED,
+            ..self.args()
+        };
+        self.group.launch("peer_abstain", (1, 32), stream, &args)
+    }
+
+    /// The host agreement: every rank's verdict and plan, so that all fail or go on
+    /// together; a local failure is reported as itself.
+    fn agree_on_host(
+        &self,
+        mine: Result<(CallDescriptor, RawStream)>,
+        plan: &[u8],
+    ) -> Result<(CallDescriptor, RawStream)> {
         let verdict = mine
             .as_ref()
             .map(|m| m.0)
@@ -325,11 +380,12 @@ impl PeerComm {
     /// The kernel arguments of every collective launch.
     /// [`Self::args`] for a call that reads `count` from `input` and writes `output`;
     /// `aligned` says whether both allow 16-byte vector access.
-    pub(crate) fn io_args(&self, input: u64, output: u64, count: u64) -> PeerArgs {
+    pub(crate) fn io_args(&self, call: &Agreed, input: u64, output: u64, count: u64) -> PeerArgs {
         PeerArgs {
             input,
             output,
             count,
+            call: call.words,
             aligned: u32::from(input % 16 == 0 && output % 16 == 0),
             ..self.args()
         }
@@ -410,7 +466,7 @@ fn prepare(device: usize, world: usize, config: &PeerConfig, layout: &Layout) ->
     })
 }
 
-fn capabilities() -> Capabilities {
+fn capabilities(config: &PeerConfig) -> Capabilities {
     let patterns = Algorithm::ALL.map(|a| (a.name(), a.pattern()));
     let mut caps = Capabilities::host_complete()
         .with_algorithms(&Algorithm::NAMES)
@@ -428,7 +484,12 @@ fn capabilities() -> Capabilities {
     caps.device_memory = true;
     // Larger messages run in several launches.
     caps.max_bytes = None;
-    // Changing state lives on the device; validation exchanges at capture time only.
+    // Changing state lives on the device; agreement on the host happens at capture only.
     caps.graph_capture_safe = true;
+    caps.disagreements = if config.agree_on_host {
+        Disagreements::Settled
+    } else {
+        Disagreements::Poison
+    };
     caps
 }

@@ -46,6 +46,10 @@ impl Communicator for PeerComm {
         self.device_barrier()
     }
 
+    fn async_error(&self) -> Result<()> {
+        self.group.live()
+    }
+
     fn set_algorithm(&self, algorithm: Option<&str>) -> Result<()> {
         PeerComm::set_algorithm(self, algorithm)
     }
@@ -127,6 +131,11 @@ macro_rules! forward_communicator {
             fn barrier(&self) -> $crate::__core::Result<()> {
                 let $s = self;
                 $crate::__core::Communicator::barrier($inner)
+            }
+
+            fn async_error(&self) -> $crate::__core::Result<()> {
+                let $s = self;
+                $crate::__core::Communicator::async_error($inner)
             }
 
             fn set_algorithm(&self, algorithm: Option<&str>) -> $crate::__core::Result<()> {

@@ -32,10 +32,15 @@ pub struct PeerConfig {
     /// Bound of every spin-wait on the GPU (and of host waits, plus a margin); `None` uses
     /// the bootstrap's timeout. After it expires the communicator is unusable.
     pub timeout: Option<Duration>,
-    /// Compare every call's arguments across ranks (a host exchange through the bootstrap
-    /// per call), so that mismatched calls fail with `Error::Mismatch` on every rank instead
-    /// of timing out. Off for production and benchmarks: it costs a round trip per call.
-    pub validate: bool,
+    /// Also agree on every call through the bootstrap before launching it: a debugging
+    /// aid that costs a host round trip per call (about 20 us between processes). The
+    /// kernels always compare every rank's call (collective, dtype, op, count, root,
+    /// algorithm, zero-copy offset) on the device, with no host work: ranks that disagree
+    /// stop before writing output and get `Error::Mismatch` naming both calls at their next
+    /// call or `synchronize`, and the communicator is unusable afterwards (as after an
+    /// NCCL asynchronous error). With agreement on the host, the disagreeing call itself
+    /// fails, before anything is launched, and the communicator stays usable.
+    pub agree_on_host: bool,
     /// Most blocks per launch; `None` = the device's SMs divided by the ranks that share
     /// this device (all ranks' blocks must be resident at once), at most 36.
     pub max_blocks: Option<u32>,
@@ -50,7 +55,7 @@ impl Default for PeerConfig {
             lamport_max_bytes: DEFAULT_MAX_BYTES,
             algorithm: None,
             timeout: None,
-            validate: true,
+            agree_on_host: false,
             max_blocks: None,
             threads: DEFAULT_THREADS,
         }
@@ -60,7 +65,7 @@ impl Default for PeerConfig {
 impl PeerConfig {
     /// `self`, overridden by `<prefix>_MAX_BYTES`, `<prefix>_LAMPORT_MAX_BYTES` (bytes),
     /// `<prefix>_ALGO` (a name or `auto`), `<prefix>_TIMEOUT_SECS` (seconds, fractions
-    /// allowed), `<prefix>_VALIDATE` (`1`/`0`, `true`/`false`, `yes`/`no`, `on`/`off`),
+    /// allowed), `<prefix>_AGREE_ON_HOST` (`1`/`0`, `true`/`false`, `yes`/`no`, `on`/`off`),
     /// `<prefix>_MAX_BLOCKS` and `<prefix>_THREADS`.
     pub fn with_env(mut self, prefix: &str) -> Result<Self> {
         let env = Env(prefix);
@@ -76,8 +81,8 @@ impl PeerConfig {
         if let Some(v) = env.seconds("TIMEOUT_SECS")? {
             self.timeout = Some(v);
         }
-        if let Some(v) = env.switch("VALIDATE")? {
-            self.validate = v;
+        if let Some(v) = env.switch("AGREE_ON_HOST")? {
+            self.agree_on_host = v;
         }
         if let Some(v) = env.number("MAX_BLOCKS")? {
             self.max_blocks = Some(v as u32);
@@ -149,23 +154,23 @@ mod tests {
         let p = "COMM_PEER_CONFIG_TEST";
         // SAFETY: only this test uses these names, and it sets them before reading.
         unsafe {
-            std::env::set_var(format!("{p}_VALIDATE"), "No");
+            std::env::set_var(format!("{p}_AGREE_ON_HOST"), "Yes");
             std::env::set_var(format!("{p}_ALGO"), "lamport");
             std::env::set_var(format!("{p}_TIMEOUT_SECS"), "2.5");
             std::env::set_var(format!("{p}_MAX_BYTES"), "1024");
         }
         let c = PeerConfig::default().with_env(p).unwrap();
-        assert!(!c.validate);
+        assert!(c.agree_on_host);
         assert_eq!(c.algorithm, Some(Algorithm::OneshotPush));
         assert_eq!(c.timeout, Some(Duration::from_millis(2500)));
         assert_eq!(c.max_bytes, 1024);
         // SAFETY: as above.
-        unsafe { std::env::set_var(format!("{p}_VALIDATE"), "maybe") };
+        unsafe { std::env::set_var(format!("{p}_AGREE_ON_HOST"), "maybe") };
         assert!(PeerConfig::default().with_env(p).is_err());
         for (v, want) in [("on", true), ("0", false), ("TRUE", true), ("off", false)] {
             // SAFETY: as above.
-            unsafe { std::env::set_var(format!("{p}_VALIDATE"), v) };
-            assert_eq!(Env(p).switch("VALIDATE").unwrap(), Some(want), "{v}");
+            unsafe { std::env::set_var(format!("{p}_AGREE_ON_HOST"), v) };
+            assert_eq!(Env(p).switch("AGREE_ON_HOST").unwrap(), Some(want), "{v}");
         }
     }
 }

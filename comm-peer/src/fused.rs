@@ -28,6 +28,12 @@ impl PeerComm {
         let bytes = input.bytes();
         let push = bytes <= self.layout.lcap
             && matches!(self.algorithm.get(), None | Some(Algorithm::OneshotPush));
+        let locations = [
+            input.location(),
+            residual.location(),
+            out.location(),
+            weight.location(),
+        ];
         let mine = (|| {
             let call = CallDescriptor::all_reduce(&input, &residual, ReduceOp::Sum)?;
             for (what, d) in [
@@ -69,18 +75,19 @@ impl PeerComm {
                     self.layout.cap
                 )));
             }
-            let stream = self.stream_of(&[
-                input.location(),
-                residual.location(),
-                out.location(),
-                weight.location(),
-            ])?;
+            let stream = self.stream_of(&locations)?;
             Ok((call, stream))
         })();
-        let mut plan = vec![u8::from(push)];
-        plan.extend_from_slice(&(hidden as u64).to_le_bytes());
+        // As an all-reduce's plan (algorithm, no zero-copy), then the row and the epsilon.
+        let algorithm = if push {
+            Algorithm::OneshotPush
+        } else {
+            Algorithm::OneshotPull
+        };
+        let mut plan = vec![algorithm as u8, 0];
+        plan.extend_from_slice(&(hidden as u32).to_le_bytes());
         plan.extend_from_slice(&eps.to_bits().to_le_bytes());
-        let (_, stream) = self.agree(mine, &plan)?;
+        let agreed = self.agree(mine, &plan, &locations)?;
         let rows = input.len() / hidden.max(1);
         if rows == 0 {
             return Ok(());
@@ -94,6 +101,7 @@ impl PeerComm {
             hidden: hidden as u64,
             eps,
             aligned: 1,
+            call: agreed.words,
             ..self.args()
         };
         let threads = (hidden / 8)
@@ -105,6 +113,7 @@ impl PeerComm {
         } else {
             "peer_fused_rmsnorm_pull"
         };
-        self.group.launch(kernel, (blocks, threads), stream, &args)
+        self.group
+            .launch(kernel, (blocks, threads), agreed.stream, &args)
     }
 }

@@ -139,13 +139,22 @@ impl PeerGroup {
         self.timeout = timeout;
     }
 
-    /// `Err(Aborted)` once a wait has timed out (or another fatal error happened), and
-    /// `Err(Timeout)` (poisoning the group) when a kernel has just recorded one.
+    /// `Err(Aborted)` once a kernel has recorded a failure (or another fatal error
+    /// happened); the first time, the failure itself: `Err(Timeout)` for a wait that gave
+    /// up, `Err(Mismatch)` for ranks that disagree about a call. Either leaves the group
+    /// unusable: the kernels stopped halfway, on every rank.
     pub fn live(&self) -> Result<()> {
         if let Some(why) = &*self.dead.borrow() {
             return Err(Error::Aborted(format!("peer memory: {why}")));
         }
-        self.status.check(self.timeout).map_err(|e| self.fail(e))
+        self.recorded()
+    }
+
+    /// What a kernel recorded, poisoning the group when it recorded anything.
+    fn recorded(&self) -> Result<()> {
+        self.status.check(self.timeout).inspect_err(|e| {
+            self.dead.borrow_mut().get_or_insert_with(|| e.to_string());
+        })
     }
 
     /// Marks the group unusable after a fatal error; returns the error.
@@ -165,11 +174,11 @@ impl PeerGroup {
             return Err(Error::Aborted(format!("peer memory: {why}")));
         }
         let (status, timeout) = (&self.status, self.timeout);
-        wait_stream(&self.ctx, stream, timeout + HOST_MARGIN, || {
+        let waited = wait_stream(&self.ctx, stream, timeout + HOST_MARGIN, || {
             status.check(timeout)
-        })
-        .and_then(|()| status.check(timeout))
-        .map_err(|e| self.fail(e))
+        });
+        // What a kernel recorded explains a failed wait best.
+        self.recorded().and(waited.map_err(|e| self.fail(e)))
     }
 
     /// The kernel arguments every launch shares.

@@ -13,6 +13,7 @@ use comm_core::cuda::{KernelCache, KernelSource, driver_error};
 use comm_core::{DType, Error, RawStream, ReduceOp, Result};
 
 use crate::algorithm::Algorithm;
+use crate::calls::CallWords;
 use crate::layout::MAX_BLOCKS;
 
 /// Every kernel of the layer as one NVRTC program: the headers are prepended, so no
@@ -65,6 +66,8 @@ pub(crate) struct PeerArgs {
     pub root: u32,
     pub peer: u32,
     pub channel: u32,
+    /// The call every rank must make alike ([`crate::calls`]), compared on the device.
+    pub call: CallWords,
 }
 
 /// The name of an all-reduce kernel: `peer_<algorithm>_<dtype>_<op>`.
@@ -113,6 +116,7 @@ fn every_kernel_name() -> Vec<String> {
         "peer_barrier_kernel",
         "peer_put_signal_kernel",
         "peer_wait_signal_kernel",
+        "peer_abstain",
     ]
     .map(String::from)
     .to_vec();
@@ -197,8 +201,8 @@ mod tests {
 
     #[test]
     fn args_match_the_kernel_struct() {
-        // 19 u64 (7 of them pointers), one f32, 7 u32: no padding.
-        assert_eq!(std::mem::size_of::<PeerArgs>(), 19 * 8 + 8 * 4);
+        // 19 u64 (7 of them pointers), one f32, 7 u32, 8 call words: no padding.
+        assert_eq!(std::mem::size_of::<PeerArgs>(), 19 * 8 + 8 * 4 + 8 * 4);
         assert_eq!(std::mem::align_of::<PeerArgs>(), 8);
     }
 
@@ -215,7 +219,7 @@ mod tests {
     #[test]
     fn every_loaded_name_is_a_kernel_of_the_source() {
         let names = every_kernel_name();
-        assert_eq!(names.len(), 7 + 3 * 4 * 5);
+        assert_eq!(names.len(), 8 + 3 * 4 * 5);
         for n in names
             .iter()
             .filter(|n| !n.contains("_f32_") && !n.contains("_f16_") && !n.contains("_bf16_"))
@@ -251,6 +255,7 @@ mod tests {
             "peer_barrier_kernel(",
             "peer_put_signal_kernel(",
             "peer_wait_signal_kernel(",
+            "peer_abstain(",
             "peer_reduce_scatter_##DNAME",
         ] {
             assert!(src.contains(k), "{k}");

@@ -14,8 +14,13 @@ pub const MAX_BLOCKS: u32 = 128;
 pub const MAX_THREADS: u32 = 512;
 /// User signal channels of the primitives.
 pub const CHANNELS: usize = 4;
-/// Bytes of the pad peers write: `flags[2][MAX_BLOCKS][MAX_RANKS]` + `chan[CHANNELS][MAX_RANKS]`.
-pub const PAD_BYTES: usize = (2 * MAX_BLOCKS as usize * MAX_RANKS + CHANNELS * MAX_RANKS) * 4;
+/// Words of a call descriptor the kernels compare (`PeerCall`: the words and a tag).
+pub const CALL_WORDS: usize = 7;
+/// Bytes of the pad peers write: `flags[2][MAX_BLOCKS][MAX_RANKS]` +
+/// `chan[CHANNELS][MAX_RANKS]` + `calls[2][MAX_RANKS]` of `CALL_WORDS + 1` words.
+pub const PAD_BYTES: usize =
+    (2 * MAX_BLOCKS as usize * MAX_RANKS + CHANNELS * MAX_RANKS + 2 * MAX_RANKS * (CALL_WORDS + 1))
+        * 4;
 /// Offset of this rank's own state (`PeerState`).
 pub const STATE_OFFSET: usize = 12 << 10;
 /// Bytes of `PeerState`: 4 u32, 3 x 3 u64, 2 x CHANNELS x MAX_RANKS u32.
@@ -142,6 +147,7 @@ mod tests {
             ("PEER_MAX_THREADS", MAX_THREADS as usize),
             ("PEER_CHANNELS", CHANNELS),
             ("PEER_STATE_OFFSET", STATE_OFFSET),
+            ("PEER_CALL_WORDS", CALL_WORDS),
         ] {
             assert!(h.contains(&format!("#define {name} {v}\n")), "{name} {v}");
         }

@@ -13,11 +13,16 @@
 //! all-gather, broadcast, the fused all-reduce + residual + RMSNorm, and signal
 //! primitives. A message larger than the staging areas (`max_bytes` of [`PeerConfig`])
 //! runs as several launches of the same kernel, each over a part of it that starts on a
-//! 16-byte boundary, cut alike on every rank (`chunks`). Every element is reduced in rank order in f32, so every rank holds the same
-//! bits. Every spin is bounded: a kernel that gives up records why in host-mapped memory
-//! ([`PeerGroup`]), the host reports `Error::Timeout`, and the communicator is `Aborted`
-//! from then on. Everything that changes per call lives on the device, so calls can be
-//! captured into CUDA graphs.
+//! 16-byte boundary, cut alike on every rank (`chunks`). Every element is reduced in rank
+//! order in f32, so every rank holds the same bits. Every spin is bounded: a kernel that
+//! gives up records why in host-mapped memory ([`PeerGroup`]), the host reports
+//! `Error::Timeout`, and the communicator is `Aborted` from then on. Ranks agree on each
+//! call on the device, with no host work per call: every kernel publishes its call
+//! (collective, dtype, op, count, root, algorithm, zero-copy offset) to its peers and
+//! compares theirs before it waits on them or writes output; a difference stops every rank
+//! and is reported as `Error::Mismatch` naming both calls (`calls`; an exchange through the
+//! bootstrap per call remains as `agree_on_host`, a debugging aid). Everything that changes
+//! per call lives on the device, so calls can be captured into CUDA graphs.
 //!
 //! - [`PeerComm`]: the communicator (join, per-call checks, optional host agreement,
 //!   collectives, zero-copy buffers from [`PeerComm::alloc`]); backends wrap it and
@@ -25,10 +30,11 @@
 //! - [`PeerGroup`]: the ranks, kernels, status, bounded waits and signal primitives.
 //! - [`Registered`]: memory registered with every rank through CUDA IPC.
 //! - [`PeerConfig`] / [`config::Env`]: settings, and the one way to read them from the
-//!   environment (`<PREFIX>_MAX_BYTES`, `_ALGO`, `_TIMEOUT_SECS`, `_VALIDATE`, ...).
+//!   environment (`<PREFIX>_MAX_BYTES`, `_ALGO`, `_TIMEOUT_SECS`, `_AGREE_ON_HOST`, ...).
 #![warn(missing_docs)]
 
 pub mod algorithm;
+mod calls;
 mod chunks;
 mod collectives;
 mod comm;

@@ -1,7 +1,7 @@
-//! The error record kernels write when a spin-wait gives up: four words of host-mapped
-//! memory (`cuMemHostAlloc` with `DEVICEMAP`), readable by the host at any time without
-//! synchronising, even while the kernel that wrote it is still winding down. Later kinds of
-//! failure (a peer's call descriptor that differs) get new codes here and in the kernels.
+//! The error record kernels write when a spin-wait gives up or ranks disagree about a
+//! call: words of host-mapped memory (`cuMemHostAlloc` with `DEVICEMAP`), readable by the
+//! host at any time without synchronising, even while the kernel that wrote it is still
+//! winding down.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,13 +10,22 @@ use comm_core::cuda::cudarc::driver::{CudaContext, sys};
 use comm_core::cuda::driver_error;
 use comm_core::{Error, Result};
 
+use crate::calls::describe;
+use crate::layout::CALL_WORDS;
+
 /// Codes of word 0 (the kernels' `PEER_*`).
 const OK: u32 = 0;
 const TIMEOUT_BARRIER: u32 = 1;
 const TIMEOUT_LAMPORT: u32 = 2;
 const TIMEOUT_SIGNAL: u32 = 3;
+const MISMATCH: u32 = 4;
+const TIMEOUT_CALL: u32 = 5;
 
-/// Host-mapped `[code, rank, phase, peer]`.
+/// Words of the record: `[code, rank, phase, peer]`, then (for a mismatch) this rank's call
+/// and the peer's, `CALL_WORDS` each.
+const WORDS: usize = 4 + 2 * CALL_WORDS;
+
+/// The host-mapped record (see [`WORDS`]).
 #[derive(Debug)]
 pub(crate) struct Status {
     host: *mut u32,
@@ -34,8 +43,8 @@ impl Status {
     pub(crate) fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
         ctx.bind_to_thread().map_err(driver_error)?;
         let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; 16 bytes of pinned, device-mapped memory.
-        unsafe { sys::cuMemHostAlloc(&mut host, 16, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+        // SAFETY: valid out-pointer; WORDS words of pinned, device-mapped memory.
+        unsafe { sys::cuMemHostAlloc(&mut host, 4 * WORDS, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
             .result()
             .map_err(driver_error)?;
         let mut device = 0;
@@ -47,8 +56,8 @@ impl Status {
             ctx: ctx.clone(),
         };
         got.map_err(driver_error)?;
-        for i in 0..4 {
-            // SAFETY: four words of our allocation.
+        for i in 0..WORDS {
+            // SAFETY: words of our allocation.
             unsafe { status.host.add(i).write_volatile(0) };
         }
         Ok(status)
@@ -59,10 +68,11 @@ impl Status {
         self.device
     }
 
-    /// `Err(Timeout)` once a kernel has recorded a failure.
+    /// `Err(Timeout)` once a kernel has recorded a failed wait, `Err(Mismatch)` naming both
+    /// calls once one has found a peer making another call.
     pub(crate) fn check(&self, timeout: Duration) -> Result<()> {
-        // SAFETY: four words of our allocation; kernels write word 0 last.
-        let w: [u32; 4] = std::array::from_fn(|i| unsafe { self.host.add(i).read_volatile() });
+        // SAFETY: words of our allocation; kernels write word 0 last.
+        let w: [u32; WORDS] = std::array::from_fn(|i| unsafe { self.host.add(i).read_volatile() });
         let what = match w[0] {
             OK => return Ok(()),
             TIMEOUT_BARRIER => format!(
@@ -77,6 +87,20 @@ impl Status {
                 "rank {} waiting for a signal of rank {} on channel {}",
                 w[1], w[3], w[2]
             ),
+            TIMEOUT_CALL => format!(
+                "rank {} waiting for the call of rank {}: it made none",
+                w[1], w[3]
+            ),
+            MISMATCH => {
+                let (mine, theirs) = w[4..].split_at(CALL_WORDS);
+                return Err(Error::Mismatch(format!(
+                    "ranks disagree about a call: rank {} makes {}, rank {} makes {}",
+                    w[1],
+                    describe(mine),
+                    w[3],
+                    describe(theirs)
+                )));
+            }
             code => format!("a peer-memory kernel reported unknown failure {code}"),
         };
         Err(Error::Timeout {
@@ -105,6 +129,8 @@ mod tests {
             ("PEER_TIMEOUT_BARRIER", super::TIMEOUT_BARRIER),
             ("PEER_TIMEOUT_LAMPORT", super::TIMEOUT_LAMPORT),
             ("PEER_TIMEOUT_SIGNAL", super::TIMEOUT_SIGNAL),
+            ("PEER_MISMATCH", super::MISMATCH),
+            ("PEER_TIMEOUT_CALL", super::TIMEOUT_CALL),
         ] {
             assert!(h.contains(&format!("#define {name} {v}\n")), "{name}");
         }

@@ -31,7 +31,7 @@ use std::fmt;
 
 use comm_core::{
     Bootstrap, BufferMut, BufferRef, CallDescriptor, Capabilities, Collective, Communicator, DType,
-    Error, MemoryLocation, ReduceOp, Result,
+    Disagreements, Error, MemoryLocation, ReduceOp, Result,
 };
 use serde::{Deserialize, Serialize};
 
@@ -603,6 +603,9 @@ fn union(backends: &[Backend]) -> Capabilities {
         caps.device_memory |= c.device_memory;
         caps.max_bytes = caps.max_bytes.zip(c.max_bytes).map(|(a, b)| a.max(b));
         caps.graph_capture_safe &= c.graph_capture_safe;
+        if c.disagreements == Disagreements::Poison {
+            caps.disagreements = Disagreements::Poison;
+        }
     }
     caps.algorithms = Vec::new();
     caps
@@ -696,5 +699,12 @@ impl Communicator for SelectComm {
         self.dispatch(CallDescriptor::barrier(), MemoryLocation::Host, |c| {
             c.barrier()
         })
+    }
+
+    fn async_error(&self) -> Result<()> {
+        if let Some(why) = &*self.poisoned.borrow() {
+            return Err(Error::Aborted(why.clone()));
+        }
+        self.backends.iter().try_for_each(|b| b.comm.async_error())
     }
 }

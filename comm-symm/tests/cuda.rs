@@ -114,7 +114,9 @@ fn all_reduce_of_64_mib_with_the_default_config() {
 }
 
 /// Ranks are threads spread over the GPUs (rank `r` on GPU `r % gpus`); the suite runs
-/// once per algorithm of `algorithms` (`None`: the automatic choice).
+/// once per algorithm of `algorithms` (`None`: the automatic choice), each on a
+/// communicator of its own: the suite's last error case (one rank rejecting its
+/// arguments) leaves the communicator unusable, as kernels that find ranks disagreeing do.
 fn conformance_on_threads(
     world: usize,
     config: CudaSymmConfig,
@@ -124,14 +126,15 @@ fn conformance_on_threads(
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     let results = on_ranks(world, |b| {
         let device = b.rank() % gpus;
-        let comm = CudaSymmComm::new(b, device, config.clone())?;
-        let memory = DeviceMemory::with_stream(
-            comm.context()
-                .new_stream()
-                .map_err(comm_core::cuda::driver_error)?,
-        );
         for &algorithm in algorithms {
-            comm.use_algorithm(algorithm);
+            let mut config = config.clone();
+            config.peer.algorithm = algorithm;
+            let comm = CudaSymmComm::new(b.clone(), device, config)?;
+            let memory = DeviceMemory::with_stream(
+                comm.context()
+                    .new_stream()
+                    .map_err(comm_core::cuda::driver_error)?,
+            );
             let name = algorithm.map_or("auto", Algorithm::name);
             let report = conformance::run_with_memory(&comm, &memory, suite)
                 .map_err(|f| Error::Mismatch(format!("{name}: {f}")))

@@ -145,7 +145,7 @@ fn make_ranks(opts: &Options) -> Result<Ranks> {
     let config = PeerConfig {
         max_bytes: 64 << 20,
         lamport_max_bytes: 64 << 20,
-        validate: false,
+        agree_on_host: false,
         timeout: Some(timeout_or(Duration::from_secs(10))),
         threads: opts.threads,
         max_blocks: opts.max_blocks,

@@ -172,7 +172,7 @@ impl Check {
             algorithm: Some(algo),
             // Processes sharing a GPU time-slice: spins must outlast other ranks' slices.
             timeout: Some(timeout_or(Duration::from_secs(60))),
-            validate: true,
+            agree_on_host: true,
             ..PeerConfig::default()
         };
         let device = device_of(&**bootstrap)?;
@@ -552,7 +552,7 @@ fn timeout_check(
         lamport_max_bytes: 1 << 20,
         algorithm: Some(algo),
         timeout: Some(bound),
-        validate: false,
+        agree_on_host: false,
         ..PeerConfig::default()
     };
     let device = device_of(&**bootstrap)?;
