@@ -29,8 +29,9 @@ use crate::types::{nccl_dtype, nccl_op};
 /// wait for each other forever, or compute garbage. So, with more than one rank, every call
 /// first settles the ranks' call descriptors through the bootstrap (one small all-gather on
 /// the host): a call that is bad on any rank fails with a clear error on every rank, and
-/// nothing is enqueued. [`NcclComm::set_validate`]`(false)` drops that exchange for NCCL's
-/// own behaviour (a bad call then ends in a bounded wait's [`Error::Timeout`]). Inside a CUDA
+/// nothing is enqueued. [`NcclComm::set_validate`]`(false)` (or `COMM_NCCL_VALIDATE=0`)
+/// drops that exchange for NCCL's own behaviour and speed (a bad call then ends in a
+/// bounded wait's [`Error::Timeout`]). Inside a CUDA
 /// graph the exchange happens once, at capture; replays pay nothing. `Avg` over several
 /// ranks is not offered (NCCL's integer mean wraps, see [`ReduceOp`]). NCCL refuses two
 /// ranks on one GPU.
@@ -99,7 +100,7 @@ impl NcclComm {
         let barrier_buf = DeviceBuffer::alloc(&ctx, 4)?;
         Ok(NcclComm {
             raw,
-            validate: true,
+            validate: validate_from_env()?,
             rank: bootstrap.rank(),
             world_size: bootstrap.world_size(),
             timeout: bootstrap.timeout(),
@@ -370,5 +371,20 @@ impl Communicator for NcclComm {
             )?;
         }
         self.synchronize(stream)
+    }
+}
+
+/// `COMM_NCCL_VALIDATE` (`1`/`0`, `true`/`false`, `yes`/`no`, `on`/`off`; on when unset).
+fn validate_from_env() -> Result<bool> {
+    const VAR: &str = "COMM_NCCL_VALIDATE";
+    match std::env::var(VAR) {
+        Err(_) => Ok(true),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(true),
+            "0" | "false" | "no" | "off" => Ok(false),
+            _ => Err(Error::InvalidArgument(format!(
+                "{VAR}={v}: expected 1/0, true/false, yes/no or on/off"
+            ))),
+        },
     }
 }
