@@ -364,10 +364,11 @@ extern "C" __global__ void peer_barrier_kernel(PeerArgs a) {
     }
 }
 
-// A rank that rejected its arguments takes part in the call's agreement all the same (its
-// call words say so), so that its peers fail at once rather than wait for it; when every
-// rank rejected, the calls agree and the call number advances everywhere alike.
-extern "C" __global__ void peer_abstain(PeerArgs a) {
+// A call's agreement without moving data: for a rank that rejected its arguments (its call
+// words say so) and for a call with nothing to move, so that peers making another call fail
+// at once rather than wait; when every rank makes the same such call, the calls agree and
+// the call number advances everywhere alike.
+extern "C" __global__ void peer_agree_only(PeerArgs a) {
     PEER_PROLOGUE(a, c)
     peer_publish_call(a, c);
     peer_check_calls(a, c);

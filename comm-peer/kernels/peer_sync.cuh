@@ -43,8 +43,9 @@
 //   writes its output, every block compares each peer's call with its own. A difference
 //   is recorded like a timeout (both calls in the status), so every rank stops, writes no
 //   output, and reports Error::Mismatch naming both calls; the communicator is unusable
-//   afterwards, as after an NCCL asynchronous error. A rank that rejects its arguments
-//   still launches (peer_abstain), so that its peers learn at once instead of waiting.
+//   afterwards, as after an NCCL asynchronous error. A rank that rejects its arguments, or
+//   whose call moves nothing, still launches (peer_agree_only), so that its peers learn at
+//   once instead of waiting.
 
 #define PEER_MAX_RANKS 8
 #define PEER_MAX_BLOCKS 128

@@ -11,7 +11,7 @@ use crate::layout::CALL_WORDS;
 /// A call as the kernels see it (the last word is padding).
 pub(crate) type CallWords = [u32; CALL_WORDS + 1];
 
-/// The words of a rank that rejected its arguments (`peer_abstain`).
+/// The words of a rank that rejected its arguments (`peer_agree_only`).
 pub(crate) const REJECTED: CallWords = [u32::MAX; CALL_WORDS + 1];
 
 /// Bytes of a plan the words hold (the rest is dropped).

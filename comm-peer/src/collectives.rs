@@ -76,7 +76,7 @@ impl PeerComm {
         let (call, stream) = (agreed.call, agreed.stream);
         let bytes = call.send_bytes();
         if bytes == 0 {
-            return Ok(());
+            return self.agree_only(agreed.words, stream);
         }
         let recv_addr = recv.addr() as u64;
         let world = self.group.world_size();
@@ -122,6 +122,9 @@ impl PeerComm {
         let agreed = self.agree(mine, &[], &locations)?;
         let (call, stream) = (agreed.call, agreed.stream);
         let bytes = call.send_bytes();
+        if bytes == 0 {
+            return self.agree_only(agreed.words, stream);
+        }
         let (send, recv) = (send.addr() as u64, recv.addr() as u64);
         let scratch = self.scratch.addr();
         let cut = Cut::all_gather(&self.layout, bytes);
@@ -164,6 +167,9 @@ impl PeerComm {
         let (call, stream) = (agreed.call, agreed.stream);
         let size = call.dtype.size();
         let bytes = call.count as usize / world * size;
+        if bytes == 0 {
+            return self.agree_only(agreed.words, stream);
+        }
         let (send, recv) = (send.addr() as u64, recv.addr() as u64);
         let scratch = self.scratch.addr();
         let kernel = reduce_scatter_kernel(call.dtype, op);
@@ -202,7 +208,7 @@ impl PeerComm {
         let (call, stream) = (agreed.call, agreed.stream);
         let bytes = call.send_bytes();
         if bytes == 0 || world == 1 {
-            return Ok(());
+            return self.agree_only(agreed.words, stream);
         }
         let addr = buf.addr() as u64;
         for part in Cut::broadcast(&self.layout).chunks(bytes) {

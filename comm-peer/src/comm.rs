@@ -289,8 +289,8 @@ impl PeerComm {
     /// Settles this rank's checked call (`mine`) and `plan` (what else it decided, bytes)
     /// with the other ranks; `locations` are the call's buffers. Every call, failed or not,
     /// takes part in the kernels' agreement: a rank that rejects its arguments launches
-    /// [`Self::abstain`], so that its peers fail at once rather than wait, and returns its
-    /// own error. With `agree_on_host`, every rank's verdict and plan are first exchanged
+    /// [`Self::agree_only`], so that its peers fail at once rather than wait, and returns
+    /// its own error. With `agree_on_host`, every rank's verdict and plan are first exchanged
     /// through the bootstrap, so that all fail or go on together before any launch.
     pub(crate) fn agree(
         &self,
@@ -314,7 +314,7 @@ impl PeerComm {
                     let stream = self
                         .stream_of(locations)
                         .unwrap_or_else(|_| raw_stream(&self.barrier_stream));
-                    if let Err(launch) = self.abstain(stream) {
+                    if let Err(launch) = self.agree_only(calls::REJECTED, stream) {
                         return Err(self.group.fail(launch));
                     }
                 }
@@ -323,14 +323,19 @@ impl PeerComm {
         }
     }
 
-    /// Takes part in a call's agreement without making the call (see `peer_abstain`).
-    fn abstain(&self, stream: RawStream) -> Result<()> {
+    /// Takes part in a call's agreement, moving nothing (`peer_agree_only`): for a call
+    /// this rank rejected ([`calls::REJECTED`]) or one with nothing to move, so that peers
+    /// making another call fail at once rather than wait.
+    pub(crate) fn agree_only(&self, words: CallWords, stream: RawStream) -> Result<()> {
+        if self.group.world_size() == 1 {
+            return Ok(());
+        }
         self.group.live()?;
         let args = PeerArgs {
-            call: calls::REJECTED,
+            call: words,
             ..self.args()
         };
-        self.group.launch("peer_abstain", (1, 32), stream, &args)
+        self.group.launch("peer_agree_only", (1, 32), stream, &args)
     }
 
     /// The host agreement: every rank's verdict and plan, so that all fail or go on

@@ -116,7 +116,7 @@ fn every_kernel_name() -> Vec<String> {
         "peer_barrier_kernel",
         "peer_put_signal_kernel",
         "peer_wait_signal_kernel",
-        "peer_abstain",
+        "peer_agree_only",
     ]
     .map(String::from)
     .to_vec();
@@ -255,7 +255,7 @@ mod tests {
             "peer_barrier_kernel(",
             "peer_put_signal_kernel(",
             "peer_wait_signal_kernel(",
-            "peer_abstain(",
+            "peer_agree_only(",
             "peer_reduce_scatter_##DNAME",
         ] {
             assert!(src.contains(k), "{k}");
