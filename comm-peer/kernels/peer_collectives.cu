@@ -28,7 +28,7 @@ template <int DT, int OP> __device__ void peer_oneshot_pull(const PeerArgs& a, c
             nvec, [&](uint64_t v) { return peer_load_user<DT>(a.input, v, a.count, aligned); },
             [&](uint64_t v, uint4 w) { mine[v] = w; });
     }
-    if (!peer_check_calls(a, c) || !peer_barrier(a, c, 0)) return;
+    if (!peer_agreeing_barrier(a, c)) return;
     for (uint64_t v = peer_tid(); v < nvec; v += peer_stride()) {
         uint4 w[PEER_MAX_RANKS];
 #pragma unroll
@@ -63,7 +63,7 @@ template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, c
                 [&](uint64_t i, uint4 w) { mine[first + i] = w; });
         }
     }
-    if (!peer_check_calls(a, c) || !peer_barrier(a, c, 0)) return;
+    if (!peer_agreeing_barrier(a, c)) return;
     uint4* tmp = reinterpret_cast<uint4*>(c.region[me] + a.off_tmp);
     for (uint64_t i = peer_tid(); i < S && me * S + i < nvec; i += peer_stride()) {
         const uint64_t v = me * S + i;
@@ -188,7 +188,7 @@ template <int DT, int OP> __device__ void peer_reduce_scatter(const PeerArgs& a)
             svec, [&](uint64_t i) { return peer_load_user<DT>(src, i, a.count, slices_aligned); },
             [&](uint64_t i, uint4 w) { mine[s * svec + i] = w; });
     }
-    if (peer_check_calls(a, c) && peer_barrier(a, c, 0)) {
+    if (peer_agreeing_barrier(a, c)) {
         for (uint64_t i = peer_tid(); i < svec; i += peer_stride())
             peer_store_user<DT>(a.output, i, a.count, a.aligned != 0,
                                 peer_reduce_staged<DT, OP>(a, c, half, a.rank * svec + i));
@@ -206,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_all_gather(P
     peer_copy(
         nvec, [&](uint64_t v) { return peer_load_bytes(a.input, v, bytes, a.aligned != 0); },
         [&](uint64_t v, uint4 w) { mine[v] = w; });
-    if (peer_check_calls(a, c) && peer_barrier(a, c, 0)) {
+    if (peer_agreeing_barrier(a, c)) {
         for (uint32_t k = 0; k < a.world; ++k) {
             const uint32_t p = (a.rank + k) % a.world;
             const uint4* src = reinterpret_cast<const uint4*>(c.region[p] + half);
@@ -233,7 +233,7 @@ extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_broadcast(Pe
             nvec, [&](uint64_t v) { return peer_load_bytes(a.output, v, bytes, aligned); },
             [&](uint64_t v, uint4 w) { mine[v] = w; });
     }
-    if (peer_check_calls(a, c) && peer_barrier(a, c, 0) && a.rank != a.root) {
+    if (peer_agreeing_barrier(a, c) && a.rank != a.root) {
         const uint4* src = reinterpret_cast<const uint4*>(c.region[a.root] + half);
         peer_copy(
             nvec, [&](uint64_t v) { return peer_ld_cg(src + v); },
@@ -324,7 +324,7 @@ template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
         uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + half);
         for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x)
             for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x) mine[row * rvec + j] = in[row * rvec + j];
-        if (peer_check_calls(a, c) && peer_barrier(a, c, 0)) {
+        if (peer_agreeing_barrier(a, c)) {
             for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x)
                 peer_norm_row(a, row, rvec, [&](uint64_t j) {
                     return peer_reduce_staged<COMM_BF16, COMM_SUM>(a, c, half, row * rvec + j);

@@ -39,8 +39,9 @@
 //   Error::Timeout, then Error::Aborted.
 // - Calls agree on the device, with no host round trip: block 0 of every rank stores its
 //   call (collective, dtype, op, count, root, algorithm, zero-copy offset) into its slot of
-//   every peer's pad, tagged with the call number; before any rank waits on a peer or
-//   writes its output, every block compares each peer's call with its own. A difference
+//   every peer's pad, tagged with the call number; before it reads a peer's data or
+//   writes its output, every block compares each peer's call with its own (pull kernels
+//   within their first barrier, push kernels before polling their mailboxes). A difference
 //   is recorded like a timeout (both calls in the status), so every rank stops, writes no
 //   output, and reports Error::Mismatch naming both calls; the communicator is unusable
 //   afterwards, as after an NCCL asynchronous error. A rank that rejects its arguments, or
@@ -293,23 +294,67 @@ __device__ void peer_fail_mismatch(const PeerArgs& a, const PeerCtx& c, uint32_t
     __threadfence_system();
 }
 
-// Every block, before it waits on a peer or writes output: thread p compares peer p's call
-// with this rank's. False when the block must stop (a mismatch, a wait that gave up).
-// Peers can be at most one call ahead (every call waits for every rank), so the slot of
-// this call's parity holds this call's tag or the one of two calls before.
+// Compares peer p's call (its slot already holds this call's tag) with this rank's; false
+// (recorded) when they differ.
+__device__ bool peer_same_call(const PeerArgs& a, const PeerCtx& c, uint32_t p, const PeerCall* slot) {
+    uint32_t theirs[PEER_CALL_WORDS];
+    bool same = true;
+#pragma unroll
+    for (int i = 0; i < PEER_CALL_WORDS; ++i) {
+        theirs[i] = *(const volatile uint32_t*)&slot->w[i];
+        same &= theirs[i] == a.call[i];
+    }
+    if (!same) peer_fail_mismatch(a, c, p, theirs);
+    return same;
+}
+
+// Every block, before it waits on a peer or writes output (push kernels, whose data travels
+// with the call): thread p compares peer p's call with this rank's. False when the block
+// must stop (a mismatch, a wait that gave up). Peers can be at most one call ahead (every
+// call waits for every rank), so the slot of this call's parity holds this call's tag or
+// the one of two calls before.
 __device__ bool peer_check_calls(const PeerArgs& a, const PeerCtx& c) {
     const uint32_t p = threadIdx.x;
     if (p < a.world && p != a.rank && !*c.dead) {
         const PeerCall* slot = &peer_pad(c, a.rank)->calls[c.seq & 1u][p];
-        if (peer_wait_value(a, c, &slot->tag, c.seq + 1u, PEER_TIMEOUT_CALL, 0, p)) {
-            uint32_t theirs[PEER_CALL_WORDS];
-            bool same = true;
-#pragma unroll
-            for (int i = 0; i < PEER_CALL_WORDS; ++i) {
-                theirs[i] = *(const volatile uint32_t*)&slot->w[i];
-                same &= theirs[i] == a.call[i];
+        if (peer_wait_value(a, c, &slot->tag, c.seq + 1u, PEER_TIMEOUT_CALL, 0, p)) peer_same_call(a, c, p, slot);
+    }
+    __syncthreads();
+    return !*c.dead;
+}
+
+// The first barrier of a pull kernel with the comparison of the calls folded in, so that
+// the agreement costs no flight of its own: thread p releases its flag to peer p and waits
+// for peer p's, looking at peer p's call slot now and then while it waits (a peer in a
+// kernel of another kind never comes to this barrier, but its call does); once the flag has
+// come, the call is compared (stored at the peer's kernel start, it has almost always
+// arrived by then). Same flags and values as peer_barrier(a, c, 0).
+__device__ bool peer_agreeing_barrier(const PeerArgs& a, const PeerCtx& c) {
+    __syncthreads();
+    const uint32_t value = 2u * c.seq + 1u;
+    const uint32_t p = threadIdx.x;
+    const bool gpu = a.gpu_scope != 0;
+    if (p < a.world && !*c.dead) {
+        peer_st_release(&peer_pad(c, p)->flags[0][blockIdx.x][a.rank], value, gpu);
+        if (p != a.rank) {
+            const uint32_t* flag = &peer_pad(c, a.rank)->flags[0][blockIdx.x][p];
+            const PeerCall* slot = &peer_pad(c, a.rank)->calls[c.seq & 1u][p];
+            const uint32_t tag = c.seq + 1u;
+            bool compared = false;
+            if ((int32_t)(peer_ld_acquire(flag, gpu) - value) < 0) {
+                const uint64_t start = peer_now();
+                uint32_t spins = 0;
+                while ((int32_t)(peer_ld_acquire(flag, gpu) - value) < 0) {
+                    if ((spins & 255) == 255 && !compared && peer_ld_acquire(&slot->tag, gpu) == tag) {
+                        if (!peer_same_call(a, c, p, slot)) break;
+                        compared = true;
+                    }
+                    if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_BARRIER, 0, p)) break;
+                }
             }
-            if (!same) peer_fail_mismatch(a, c, p, theirs);
+            if (!*c.dead && !compared &&
+                peer_wait_value(a, c, &slot->tag, tag, PEER_TIMEOUT_CALL, 0, p))
+                peer_same_call(a, c, p, slot);
         }
     }
     __syncthreads();
