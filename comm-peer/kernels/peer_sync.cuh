@@ -450,10 +450,29 @@ __device__ __forceinline__ uint4 peer_reduce_staged(const PeerArgs& a, const Pee
 }
 
 // ---------------------------------------------------------------------------------------
+// Programmatic dependent launch (sm_90+): kernels are launched so that they may start while
+// the previous kernel of their stream finishes; each waits for it (griddepcontrol.wait:
+// every prerequisite grid complete, its memory visible) before reading anything a kernel
+// may have written, and lets the next one start as soon as its own prologue is done.
+
+__device__ __forceinline__ void peer_wait_previous() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void peer_let_next_start() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
 // Prologue and epilogue of every kernel.
 
-// Loads the tables into shared memory and the call number; returns at once when a previous
-// launch gave up (the communicator is then unusable).
+// Loads the tables into shared memory (written at join, so before the wait for the previous
+// kernel) and the call number (after it); returns at once when a previous launch gave up
+// (the communicator is then unusable).
 #define PEER_PROLOGUE(a, c)                                                                          \
     __shared__ char* s_region[PEER_MAX_RANKS];                                                       \
     __shared__ const char* s_input[PEER_MAX_RANKS];                                                  \
@@ -465,6 +484,8 @@ __device__ __forceinline__ uint4 peer_reduce_staged(const PeerArgs& a, const Pee
         s_region[p_] = p_ < (int)a.world ? a.regions->ptr[p_] : nullptr;                             \
         s_input[p_] = (a.inputs != nullptr && p_ < (int)a.world) ? a.inputs->ptr[p_] + a.in_off : nullptr; \
     }                                                                                                \
+    peer_wait_previous();                                                                            \
+    peer_let_next_start();                                                                           \
     if (threadIdx.x == 0) {                                                                          \
         s_seq = *(volatile uint32_t*)&s_state->seq;                                                  \
         s_dead = *(volatile uint32_t*)&s_state->abort ? 1 : 0;                                       \

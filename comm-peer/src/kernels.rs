@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result};
+use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result, sys};
 use comm_core::cuda::stream::cu_stream;
 use comm_core::cuda::{KernelCache, KernelSource, driver_error};
 use comm_core::{DType, Error, RawStream, ReduceOp, Result};
@@ -136,6 +136,9 @@ fn every_kernel_name() -> Vec<String> {
 pub(crate) struct Kernels {
     ctx: Arc<CudaContext>,
     functions: HashMap<String, CudaFunction>,
+    /// Launch with programmatic stream serialization (sm_90+): a kernel may start while the
+    /// previous one of its stream finishes (the kernels wait for it in their prologue).
+    overlap: bool,
 }
 
 impl Kernels {
@@ -153,9 +156,11 @@ impl Kernels {
                 Ok((name, f))
             })
             .collect::<Result<_>>()?;
+        let (major, _) = ctx.compute_capability().map_err(driver_error)?;
         Ok(Kernels {
             ctx: ctx.clone(),
             functions,
+            overlap: major >= 9,
         })
     }
 
@@ -178,19 +183,53 @@ impl Kernels {
         self.ctx.bind_to_thread().map_err(driver_error)?;
         let mut args = *args;
         let mut params = [&mut args as *mut PeerArgs as *mut c_void];
-        // SAFETY: the function comes from a module loaded into this context; its one
-        // parameter is `PeerArgs`, which `PeerArgs` here mirrors (#[repr(C)]); the driver
-        // copies the parameter before returning.
+        if !self.overlap {
+            // SAFETY: the function comes from a module loaded into this context; its one
+            // parameter is `PeerArgs`, which `PeerArgs` here mirrors (#[repr(C)]); the
+            // driver copies the parameter before returning.
+            return unsafe {
+                result::launch_kernel(
+                    f.cu_function(),
+                    (blocks, 1, 1),
+                    (threads, 1, 1),
+                    0,
+                    cu_stream(stream),
+                    &mut params,
+                )
+            }
+            .map_err(driver_error);
+        }
+        let mut overlap = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            // SAFETY: an all-zero value is valid for every member of the union.
+            value: unsafe { std::mem::zeroed() },
+        };
+        overlap.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: blocks,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: cu_stream(stream),
+            attrs: &mut overlap,
+            numAttrs: 1,
+        };
+        // SAFETY: as above; `config` and the attribute it points to outlive the call, which
+        // copies them; every kernel of the module waits for its stream's previous kernel
+        // (griddepcontrol.wait) before reading what that kernel may have written.
         unsafe {
-            result::launch_kernel(
+            sys::cuLaunchKernelEx(
+                &config,
                 f.cu_function(),
-                (blocks, 1, 1),
-                (threads, 1, 1),
-                0,
-                cu_stream(stream),
-                &mut params,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
             )
         }
+        .result()
         .map_err(driver_error)
     }
 }
