@@ -7,16 +7,17 @@
 
 use std::ffi::c_void;
 use std::sync::Arc;
+use std::time::Duration;
 
 use comm_core::cuda::cudarc::driver::sys::CUevent_flags;
-use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result, sys};
+use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, CudaGraph, result, sys};
 use comm_core::cuda::{
     DeviceMemory, DeviceOwned, KernelCache, KernelSource, device_count, driver_error,
 };
 use comm_core::{Bootstrap, Communicator, DType, Error, ReduceOp, Result, bf16, f16};
 
 use super::chain;
-use super::{Config, Timing};
+use super::{Config, How, Timing};
 
 /// The dependent kernel.
 pub const STEP_CHAIN: KernelSource = KernelSource {
@@ -113,6 +114,23 @@ pub fn run(comm: &dyn Communicator, ctl: &dyn Bootstrap, cfg: &Config) -> Result
     let got = decode(cfg.dtype, &x.read()?)?;
     let wrong = chain::count_wrong(&got, &chain::reference(world, cfg.count, cfg.calls));
 
+    Ok(Timing {
+        step: time_replays(&graph, &memory, ctl, cfg)?,
+        wrong,
+        how: How::Graph,
+    })
+}
+
+/// Replays `graph` (captured on `memory`'s stream) `cfg.warmup` times, then `cfg.steps`
+/// times between events; returns the median replay. Collective: every rank starts the
+/// timed replays together.
+pub(super) fn time_replays(
+    graph: &CudaGraph,
+    memory: &DeviceMemory,
+    ctl: &dyn Bootstrap,
+    cfg: &Config,
+) -> Result<Duration> {
+    let stream = memory.stream();
     for _ in 0..cfg.warmup {
         graph.launch().map_err(driver_error)?;
     }
@@ -126,18 +144,14 @@ pub fn run(comm: &dyn Communicator, ctl: &dyn Bootstrap, cfg: &Config) -> Result
                 .map_err(driver_error)
         })
         .collect::<Result<Vec<_>>>()?;
-    events[0].record(&stream).map_err(driver_error)?;
+    events[0].record(stream).map_err(driver_error)?;
     for event in &events[1..] {
         graph.launch().map_err(driver_error)?;
-        event.record(&stream).map_err(driver_error)?;
+        event.record(stream).map_err(driver_error)?;
     }
     memory.synchronize()?;
     let mut times = crate::perf::sweep::event_times(&events)?;
-    Ok(Timing {
-        step: crate::perf::sweep::median(&mut times),
-        wrong,
-        graph: true,
-    })
+    Ok(crate::perf::sweep::median(&mut times))
 }
 
 fn encode(dtype: DType, values: &[f64]) -> Result<Vec<u8>> {

@@ -74,8 +74,33 @@ pub struct Timing {
     pub step: Duration,
     /// Elements that missed the reference in the checked step.
     pub wrong: usize,
-    /// Whether the step ran as a CUDA graph.
-    pub graph: bool,
+    /// How the step ran.
+    pub how: How,
+}
+
+/// How a step ran: the table's `how` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum How {
+    /// A plain loop on the host.
+    Loop,
+    /// One CUDA graph of the all-reduces and the dependent kernel.
+    Graph,
+}
+
+impl How {
+    /// The word in the table.
+    pub fn label(self) -> &'static str {
+        match self {
+            How::Loop => "loop",
+            How::Graph => "graph",
+        }
+    }
+
+    /// True when the step ran as a CUDA graph (the selector then routes from its graph
+    /// rows).
+    pub fn is_graph(self) -> bool {
+        !matches!(self, How::Loop)
+    }
 }
 
 /// In-process ranks when `--ranks` is not given: one per GPU (GPU backends take one GPU
@@ -222,7 +247,7 @@ fn run_rank(ctx: &RankContext, cfg: &Config, names: &[String], header: bool) -> 
                     println!(
                         "  {:<10} {:>6} {:>12.1} {:>14.2} {:>7}  {}",
                         name,
-                        if t.graph { "graph" } else { "loop" },
+                        t.how.label(),
                         us,
                         us / cfg.calls.max(1) as f64,
                         t.wrong,
@@ -302,7 +327,7 @@ fn run_backend(ctx: &RankContext, cfg: &Config, name: &str) -> Result<(Timing, O
     let wrong: f64 = all.iter().map(|b| field(b, 1)).sum();
     let choice = selector.map(|s| {
         // Inside the step's graph the selector routes from the graph rows: report that.
-        let launch = if timing.graph {
+        let launch = if timing.how.is_graph() {
             comm_select::Launch::Graph
         } else {
             comm_select::Launch::Eager
@@ -323,7 +348,7 @@ fn run_backend(ctx: &RankContext, cfg: &Config, name: &str) -> Result<(Timing, O
         Timing {
             step: Duration::from_secs_f64(slowest),
             wrong: wrong as usize,
-            graph: timing.graph,
+            how: timing.how,
         },
         choice,
     ))
