@@ -27,19 +27,57 @@ pub const STEP_CHAIN: KernelSource = KernelSource {
 
 const THREADS: u32 = 256;
 
-/// `x = y / div + add` of `step_chain.cu`, for one dtype on one device.
-struct ChainKernel {
+/// A kernel of this crate's `.cu` files, loaded in one device's context.
+pub(super) struct StepKernel {
     ctx: Arc<CudaContext>,
     function: CudaFunction,
 }
 
+impl StepKernel {
+    /// Function `name` of `source`, compiled for `ctx`'s device (cached).
+    pub(super) fn load(ctx: &Arc<CudaContext>, source: &KernelSource, name: &str) -> Result<Self> {
+        Ok(StepKernel {
+            ctx: ctx.clone(),
+            function: KernelCache::global().function(ctx, source, name)?,
+        })
+    }
+
+    /// Enqueues the kernel on `stream`, `blocks` x `threads`.
+    ///
+    /// # Safety
+    /// `params` must point to one value of each of the kernel's parameters, of its type,
+    /// and the memory they address must hold what this grid reads and writes.
+    pub(super) unsafe fn launch(
+        &self,
+        blocks: u32,
+        threads: u32,
+        stream: sys::CUstream,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(driver_error)?;
+        // SAFETY: the function is loaded in this context, which is bound; the caller
+        // vouches for the parameters, which the call copies.
+        unsafe {
+            result::launch_kernel(
+                self.function.cu_function(),
+                (blocks, 1, 1),
+                (threads, 1, 1),
+                0,
+                stream,
+                params,
+            )
+        }
+        .map_err(driver_error)
+    }
+}
+
+/// `x = y / div + add` of `step_chain.cu`, for one dtype on one device.
+struct ChainKernel(StepKernel);
+
 impl ChainKernel {
     fn load(ctx: &Arc<CudaContext>, dtype: DType) -> Result<Self> {
         let name = format!("comm_step_chain_{}", dtype.name());
-        Ok(ChainKernel {
-            ctx: ctx.clone(),
-            function: KernelCache::global().function(ctx, &STEP_CHAIN, &name)?,
-        })
+        StepKernel::load(ctx, &STEP_CHAIN, &name).map(ChainKernel)
     }
 
     fn launch(
@@ -50,7 +88,6 @@ impl ChainKernel {
         add: f32,
         stream: sys::CUstream,
     ) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(driver_error)?;
         let (mut xp, mut yp) = (x.buffer().device_ptr(), y.buffer().device_ptr());
         let mut n = x.len().min(y.len()) as u64;
         let (mut div, mut add) = (div, add);
@@ -63,20 +100,9 @@ impl ChainKernel {
         ];
         // A few blocks per SM at most: the kernel is tiny, its launch is what costs.
         let blocks = n.div_ceil(u64::from(THREADS)).clamp(1, 1024) as u32;
-        // SAFETY: the function is loaded in this context; the parameters match the
-        // kernel's (u64 x, u64 y, u64 n, float div, float add) and outlive the launch
-        // call, which copies them; both buffers hold at least `n` elements.
-        unsafe {
-            result::launch_kernel(
-                self.function.cu_function(),
-                (blocks, 1, 1),
-                (THREADS, 1, 1),
-                0,
-                stream,
-                &mut params,
-            )
-        }
-        .map_err(driver_error)
+        // SAFETY: the parameters match the kernel's (u64 x, u64 y, u64 n, float div,
+        // float add); both buffers hold at least `n` elements.
+        unsafe { self.0.launch(blocks, THREADS, stream, &mut params) }
     }
 }
 
