@@ -247,26 +247,9 @@ extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_broadcast(Pe
 // 16-byte aligned buffers): a = allreduce(x) rounded to bf16, residual' = bf16(residual +
 // a) (written back), out = bf16(residual' * rsqrt(mean(residual'^2) + eps) * weight):
 // exactly the unfused pipeline (all-reduce, then fused_add_rms_norm). Rows b, b + grid, ...
-// belong to block b on every rank; the exchange is oneshot-push or oneshot-pull.
-
-__device__ float peer_block_sum(float v) {
-    __shared__ float part[PEER_MAX_THREADS / 32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < warps ? part[lane] : 0.0f;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) part[0] = v;
-    }
-    __syncthreads();
-    const float total = part[0];
-    __syncthreads();
-    return total;
-}
+// belong to block b on every rank; the exchange is oneshot-push or oneshot-pull. The row's
+// sum of squares is comm-core's block sum, which the examples' unfused add + RMSNorm uses too.
+#include "comm_reduce.cuh"
 
 // One row after the exchange: `reduced(j)` gives vector j of allreduce(x) (bf16 bits).
 template <typename Reduced>
@@ -287,7 +270,7 @@ __device__ __forceinline__ void peer_norm_row(const PeerArgs& a, uint64_t row, u
 #pragma unroll
         for (int e = 0; e < 8; ++e) sumsq += r[e] * r[e];
     }
-    const float scale = rsqrtf(peer_block_sum(sumsq) / (float)a.hidden + a.eps);
+    const float scale = rsqrtf(comm_block_sum<PEER_MAX_THREADS>(sumsq) / (float)a.hidden + a.eps);
     for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x) {
         float r[8], w[8];
         peer_unpack<COMM_BF16>(res[j], r);  // this thread's own store above

@@ -30,7 +30,10 @@ pub fn all_kernel_sources() -> Vec<(&'static str, KernelSource)> {
         ("comm-core", comm_core::cuda::kernels::KERNELS),
         ("comm-nccl", comm_nccl::KERNELS),
         ("comm-peer", comm_peer::KERNELS),
-        ("comm-examples", &[step::gpu::STEP_CHAIN]),
+        (
+            "comm-examples",
+            &[step::gpu::STEP_CHAIN, step::fused::ADD_RMSNORM],
+        ),
     ];
     lists
         .into_iter()

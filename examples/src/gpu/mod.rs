@@ -81,6 +81,16 @@ impl GpuComm {
         }
     }
 
+    /// Collective: joins `backend` as `comm_select`'s registry starts it: on the device of
+    /// the rank's local rank, with the defaults overridden by `COMM_IPC_*` or `COMM_SYMM_*`.
+    /// For programs that need the fused op, which the registry's boxed communicator hides.
+    pub fn from_env(backend: Backend, bootstrap: &Arc<dyn Bootstrap>) -> Result<Self> {
+        match backend {
+            Backend::Ipc => IpcComm::from_bootstrap(bootstrap.clone()).map(GpuComm::Ipc),
+            Backend::SymmCuda => CudaSymmComm::from_bootstrap(bootstrap.clone()).map(GpuComm::Symm),
+        }
+    }
+
     /// The layer's communicator: every collective, the fused op, zero-copy buffers.
     pub fn peer(&self) -> &PeerComm {
         match self {

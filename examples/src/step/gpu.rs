@@ -7,16 +7,17 @@
 
 use std::ffi::c_void;
 use std::sync::Arc;
+use std::time::Duration;
 
 use comm_core::cuda::cudarc::driver::sys::CUevent_flags;
-use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result, sys};
+use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, CudaGraph, result, sys};
 use comm_core::cuda::{
     DeviceMemory, DeviceOwned, KernelCache, KernelSource, device_count, driver_error,
 };
 use comm_core::{Bootstrap, Communicator, DType, Error, ReduceOp, Result, bf16, f16};
 
 use super::chain;
-use super::{Config, Timing};
+use super::{Config, How, Timing};
 
 /// The dependent kernel.
 pub const STEP_CHAIN: KernelSource = KernelSource {
@@ -26,19 +27,57 @@ pub const STEP_CHAIN: KernelSource = KernelSource {
 
 const THREADS: u32 = 256;
 
-/// `x = y / div + add` of `step_chain.cu`, for one dtype on one device.
-struct ChainKernel {
+/// A kernel of this crate's `.cu` files, loaded in one device's context.
+pub(super) struct StepKernel {
     ctx: Arc<CudaContext>,
     function: CudaFunction,
 }
 
+impl StepKernel {
+    /// Function `name` of `source`, compiled for `ctx`'s device (cached).
+    pub(super) fn load(ctx: &Arc<CudaContext>, source: &KernelSource, name: &str) -> Result<Self> {
+        Ok(StepKernel {
+            ctx: ctx.clone(),
+            function: KernelCache::global().function(ctx, source, name)?,
+        })
+    }
+
+    /// Enqueues the kernel on `stream`, `blocks` x `threads`.
+    ///
+    /// # Safety
+    /// `params` must point to one value of each of the kernel's parameters, of its type,
+    /// and the memory they address must hold what this grid reads and writes.
+    pub(super) unsafe fn launch(
+        &self,
+        blocks: u32,
+        threads: u32,
+        stream: sys::CUstream,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(driver_error)?;
+        // SAFETY: the function is loaded in this context, which is bound; the caller
+        // vouches for the parameters, which the call copies.
+        unsafe {
+            result::launch_kernel(
+                self.function.cu_function(),
+                (blocks, 1, 1),
+                (threads, 1, 1),
+                0,
+                stream,
+                params,
+            )
+        }
+        .map_err(driver_error)
+    }
+}
+
+/// `x = y / div + add` of `step_chain.cu`, for one dtype on one device.
+struct ChainKernel(StepKernel);
+
 impl ChainKernel {
     fn load(ctx: &Arc<CudaContext>, dtype: DType) -> Result<Self> {
         let name = format!("comm_step_chain_{}", dtype.name());
-        Ok(ChainKernel {
-            ctx: ctx.clone(),
-            function: KernelCache::global().function(ctx, &STEP_CHAIN, &name)?,
-        })
+        StepKernel::load(ctx, &STEP_CHAIN, &name).map(ChainKernel)
     }
 
     fn launch(
@@ -49,7 +88,6 @@ impl ChainKernel {
         add: f32,
         stream: sys::CUstream,
     ) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(driver_error)?;
         let (mut xp, mut yp) = (x.buffer().device_ptr(), y.buffer().device_ptr());
         let mut n = x.len().min(y.len()) as u64;
         let (mut div, mut add) = (div, add);
@@ -62,20 +100,9 @@ impl ChainKernel {
         ];
         // A few blocks per SM at most: the kernel is tiny, its launch is what costs.
         let blocks = n.div_ceil(u64::from(THREADS)).clamp(1, 1024) as u32;
-        // SAFETY: the function is loaded in this context; the parameters match the
-        // kernel's (u64 x, u64 y, u64 n, float div, float add) and outlive the launch
-        // call, which copies them; both buffers hold at least `n` elements.
-        unsafe {
-            result::launch_kernel(
-                self.function.cu_function(),
-                (blocks, 1, 1),
-                (THREADS, 1, 1),
-                0,
-                stream,
-                &mut params,
-            )
-        }
-        .map_err(driver_error)
+        // SAFETY: the parameters match the kernel's (u64 x, u64 y, u64 n, float div,
+        // float add); both buffers hold at least `n` elements.
+        unsafe { self.0.launch(blocks, THREADS, stream, &mut params) }
     }
 }
 
@@ -113,6 +140,23 @@ pub fn run(comm: &dyn Communicator, ctl: &dyn Bootstrap, cfg: &Config) -> Result
     let got = decode(cfg.dtype, &x.read()?)?;
     let wrong = chain::count_wrong(&got, &chain::reference(world, cfg.count, cfg.calls));
 
+    Ok(Timing {
+        step: time_replays(&graph, &memory, ctl, cfg)?,
+        wrong,
+        how: How::Graph,
+    })
+}
+
+/// Replays `graph` (captured on `memory`'s stream) `cfg.warmup` times, then `cfg.steps`
+/// times between events; returns the median replay. Collective: every rank starts the
+/// timed replays together.
+pub(super) fn time_replays(
+    graph: &CudaGraph,
+    memory: &DeviceMemory,
+    ctl: &dyn Bootstrap,
+    cfg: &Config,
+) -> Result<Duration> {
+    let stream = memory.stream();
     for _ in 0..cfg.warmup {
         graph.launch().map_err(driver_error)?;
     }
@@ -126,18 +170,14 @@ pub fn run(comm: &dyn Communicator, ctl: &dyn Bootstrap, cfg: &Config) -> Result
                 .map_err(driver_error)
         })
         .collect::<Result<Vec<_>>>()?;
-    events[0].record(&stream).map_err(driver_error)?;
+    events[0].record(stream).map_err(driver_error)?;
     for event in &events[1..] {
         graph.launch().map_err(driver_error)?;
-        event.record(&stream).map_err(driver_error)?;
+        event.record(stream).map_err(driver_error)?;
     }
     memory.synchronize()?;
     let mut times = crate::perf::sweep::event_times(&events)?;
-    Ok(Timing {
-        step: crate::perf::sweep::median(&mut times),
-        wrong,
-        graph: true,
-    })
+    Ok(crate::perf::sweep::median(&mut times))
 }
 
 fn encode(dtype: DType, values: &[f64]) -> Result<Vec<u8>> {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use comm_core::{Bootstrap, BufferMut, BufferRef, Communicator, ReduceOp, Result};
 
 use super::chain;
-use super::{Config, Timing};
+use super::{Config, How, Timing};
 use crate::perf::data::Value;
 
 /// Runs warm-up and timed steps of `comm` on host buffers, then one checked step.
@@ -46,6 +46,6 @@ pub fn run<T: Value>(comm: &dyn Communicator, ctl: &dyn Bootstrap, cfg: &Config)
     Ok(Timing {
         step: crate::perf::sweep::median(&mut times),
         wrong,
-        graph: false,
+        how: How::Loop,
     })
 }

@@ -6,8 +6,12 @@
 //! backend it is a plain loop ([`host`]). Each backend's step is checked once against
 //! the f64 reference, then timed: the median over `--steps` steps, slowest rank. Ranks
 //! are threads of this process (`--ranks`), or processes under `mpirun`/`torchrun`.
+//!
+//! With `--fused` each call is a layer of a model instead: all-reduce, residual add and
+//! RMSNorm over rows of `--hidden`, fused where the backend can ([`fused`]).
 
 pub mod chain;
+pub mod fused;
 pub mod gpu;
 pub mod host;
 
@@ -21,7 +25,7 @@ use crate::launch::{Mode, launched, process_context, run_threads};
 
 const USAGE: &str = "\
 usage: verify-step [--calls N] [--count N] [--dtype bf16|f16|f32] [--steps N] [--warmup N]
-                   [--ranks N] [--backend NAME,...|all|auto]
+                   [--ranks N] [--backend NAME,...|all|auto] [--fused [--hidden N]]
 
   --calls N      all-reduces per step (default 122, the seeds' decode step)
   --count N      elements per all-reduce (default 21504: 42 KB of bf16)
@@ -32,6 +36,11 @@ usage: verify-step [--calls N] [--count N] [--dtype bf16|f16|f32] [--steps N] [-
                  4 without a GPU)
   --backend L    comma-separated registry names, `all` (every backend of the launch
                  mode that starts here) or `auto` (default: all,auto)
+  --fused        each call is a layer: all-reduce + residual add + RMSNorm (bf16, rows
+                 of --hidden), checked against an f64 reference; `how` says graph+fused
+                 (the backend's fused kernel: ipc, symm-cuda) or graph+norm (its
+                 all-reduce, then an add + RMSNorm kernel); GPU backends only
+  --hidden N     row length of --fused (default 7168; --count must be whole rows)
 ";
 
 /// What to run.
@@ -51,18 +60,25 @@ pub struct Config {
     pub ranks: usize,
     /// Backends, as given (`all` expands at run time).
     pub backends: Vec<String>,
+    /// Each call is all-reduce + residual add + RMSNorm ([`fused`]).
+    pub fused: bool,
+    /// Row length of the fused step's RMSNorm.
+    pub hidden: usize,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             calls: 122,
+            // 3 tokens of hidden size 7168: the seeds' verify pass.
             count: 3 * 7168,
             dtype: DType::BF16,
             steps: 200,
             warmup: 10,
             ranks: default_ranks(),
             backends: vec!["all".into(), "auto".into()],
+            fused: false,
+            hidden: 7168,
         }
     }
 }
@@ -74,8 +90,39 @@ pub struct Timing {
     pub step: Duration,
     /// Elements that missed the reference in the checked step.
     pub wrong: usize,
-    /// Whether the step ran as a CUDA graph.
-    pub graph: bool,
+    /// How the step ran.
+    pub how: How,
+}
+
+/// How a step ran: the table's `how` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum How {
+    /// A plain loop on the host.
+    Loop,
+    /// One CUDA graph of the all-reduces and the dependent kernel.
+    Graph,
+    /// One CUDA graph of the backend's fused all-reduce + residual add + RMSNorm.
+    GraphFused,
+    /// One CUDA graph of all-reduces, each followed by our residual add + RMSNorm kernel.
+    GraphNorm,
+}
+
+impl How {
+    /// The word in the table.
+    pub fn label(self) -> &'static str {
+        match self {
+            How::Loop => "loop",
+            How::Graph => "graph",
+            How::GraphFused => "graph+fused",
+            How::GraphNorm => "graph+norm",
+        }
+    }
+
+    /// True when the step ran as a CUDA graph (the selector then routes from its graph
+    /// rows).
+    pub fn is_graph(self) -> bool {
+        !matches!(self, How::Loop)
+    }
 }
 
 /// In-process ranks when `--ranks` is not given: one per GPU (GPU backends take one GPU
@@ -117,6 +164,8 @@ where
             Long("steps") => cfg.steps = number(&mut parser, "--steps")?.max(1),
             Long("warmup") => cfg.warmup = number(&mut parser, "--warmup")?,
             Long("ranks") => cfg.ranks = number(&mut parser, "--ranks")?.max(1),
+            Long("hidden") => cfg.hidden = number(&mut parser, "--hidden")?,
+            Long("fused") => cfg.fused = true,
             Long("dtype") => {
                 let v = text(&mut parser, "--dtype")?;
                 cfg.dtype = v.parse().map_err(|e| format!("--dtype: {e}"))?;
@@ -133,6 +182,9 @@ where
             }
             _ => return Err(arg.unexpected().to_string()),
         }
+    }
+    if cfg.fused {
+        fused::Shape::of(&cfg)?;
     }
     Ok(Some(cfg))
 }
@@ -197,8 +249,16 @@ fn expand(names: &[String], mode: Mode) -> Vec<String> {
 fn run_rank(ctx: &RankContext, cfg: &Config, names: &[String], header: bool) -> bool {
     let root = ctx.rank() == 0;
     if root && header {
+        let what = if cfg.fused {
+            format!(
+                "layers (all-reduce + residual add + RMSNorm over rows of {})",
+                cfg.hidden
+            )
+        } else {
+            "all-reduces".into()
+        };
         println!(
-            "# verify-step: {} all-reduces of {} {} ({} B) per step, {} ranks ({}), {} steps",
+            "# verify-step: {} {what} of {} {} ({} B) per step, {} ranks ({}), {} steps",
             cfg.calls,
             cfg.count,
             cfg.dtype,
@@ -208,7 +268,7 @@ fn run_rank(ctx: &RankContext, cfg: &Config, names: &[String], header: bool) -> 
             cfg.steps
         );
         println!(
-            "# {:<10} {:>6} {:>12} {:>14} {:>7}  choice",
+            "# {:<10} {:>11} {:>12} {:>14} {:>7}  choice",
             "backend", "how", "step (us)", "per call (us)", "#wrong"
         );
     }
@@ -220,9 +280,9 @@ fn run_rank(ctx: &RankContext, cfg: &Config, names: &[String], header: bool) -> 
                 if root {
                     let us = t.step.as_secs_f64() * 1e6;
                     println!(
-                        "  {:<10} {:>6} {:>12.1} {:>14.2} {:>7}  {}",
+                        "  {:<10} {:>11} {:>12.1} {:>14.2} {:>7}  {}",
                         name,
-                        if t.graph { "graph" } else { "loop" },
+                        t.how.label(),
                         us,
                         us / cfg.calls.max(1) as f64,
                         t.wrong,
@@ -265,10 +325,16 @@ fn run_backend(ctx: &RankContext, cfg: &Config, name: &str) -> Result<(Timing, O
     } else {
         None
     };
+    // The fused op is no part of the trait: backends that have it are built as their type.
+    let peer = match &selector {
+        None if cfg.fused => fused::peer_backend(backend.name, ctx)?,
+        _ => None,
+    };
     let boxed;
-    let comm: &dyn Communicator = match &selector {
-        Some(s) => s,
-        None => {
+    let comm: &dyn Communicator = match (&selector, &peer) {
+        (Some(s), _) => s,
+        (None, Some(p)) => p.as_dyn(),
+        (None, None) => {
             boxed = backend.create(ctx)?;
             &*boxed
         }
@@ -276,7 +342,13 @@ fn run_backend(ctx: &RankContext, cfg: &Config, name: &str) -> Result<(Timing, O
     let caps = comm.capabilities();
     let has_gpu = comm_core::cuda::device_count().is_ok_and(|n| n > 0);
     let on_device = caps.device_memory && (!caps.host_memory || has_gpu);
-    let mine = if on_device {
+    let mine = if cfg.fused {
+        match &peer {
+            Some(p) => fused::run(fused::Layer::Fused(p.peer()), ctl, cfg),
+            None if on_device => fused::run(fused::Layer::Separate(comm), ctl, cfg),
+            None => Err(fused::refuse(name, has_gpu)),
+        }
+    } else if on_device {
         gpu::run(comm, ctl, cfg)
     } else {
         match cfg.dtype {
@@ -302,7 +374,7 @@ fn run_backend(ctx: &RankContext, cfg: &Config, name: &str) -> Result<(Timing, O
     let wrong: f64 = all.iter().map(|b| field(b, 1)).sum();
     let choice = selector.map(|s| {
         // Inside the step's graph the selector routes from the graph rows: report that.
-        let launch = if timing.graph {
+        let launch = if timing.how.is_graph() {
             comm_select::Launch::Graph
         } else {
             comm_select::Launch::Eager
@@ -323,7 +395,7 @@ fn run_backend(ctx: &RankContext, cfg: &Config, name: &str) -> Result<(Timing, O
         Timing {
             step: Duration::from_secs_f64(slowest),
             wrong: wrong as usize,
-            graph: timing.graph,
+            how: timing.how,
         },
         choice,
     ))
@@ -360,6 +432,43 @@ mod tests {
             let names = std::slice::from_ref(name);
             let ok = run_threads(cfg.ranks, |ctx| run_rank(&ctx, &cfg, names, i == 0)).unwrap();
             assert!(ok.iter().all(|&ok| ok), "{name}");
+        }
+    }
+
+    #[test]
+    fn fused_flags_parse_and_host_backends_are_refused() {
+        let parsed = |line: &str| parse(line.split(' ').map(String::from));
+        let cfg = parsed("--fused --backend local").unwrap().unwrap();
+        assert!(cfg.fused);
+        assert_eq!((cfg.calls, cfg.count, cfg.hidden), (122, 21504, 7168));
+        let cfg2 = parsed("--fused --hidden 4096 --count 8192")
+            .unwrap()
+            .unwrap();
+        assert_eq!((cfg2.count, cfg2.hidden), (8192, 4096));
+        // Each is refused with the reason, whatever the order of the flags.
+        for (line, says) in [
+            ("--fused --dtype f32", "bf16"),
+            ("--dtype f16 --fused", "bf16"),
+            ("--fused --hidden 7", "multiple of 8"),
+            ("--fused --count 100", "rows"),
+            ("--count 7000 --fused", "rows"),
+            ("--fused --calls 0", "--calls"),
+            ("--fused --hidden", "--hidden"),
+        ] {
+            let e = parsed(line).unwrap_err();
+            assert!(e.contains(says), "{line}: {e}");
+        }
+        // Without --fused the row length does not matter.
+        assert!(parsed("--hidden 7 --count 100").is_ok());
+
+        let has_gpu = comm_core::cuda::device_count().is_ok_and(|n| n > 0);
+        let errors = run_threads(2, |ctx| run_backend(&ctx, &cfg, "local").err()).unwrap();
+        for e in errors {
+            match e {
+                Some(Error::Unsupported(why)) if has_gpu => assert!(why.contains("--fused")),
+                Some(Error::NoDevice(why)) if !has_gpu => assert!(why.contains("--fused")),
+                other => panic!("local with --fused: {other:?}"),
+            }
         }
     }
 }

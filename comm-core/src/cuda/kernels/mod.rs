@@ -8,7 +8,8 @@
 //! image in memory and on disk, and loads it once per context.
 //!
 //! Sources may `#include` the [`HEADERS`] by name (NVRTC gets them in memory), so no
-//! CUDA include folder is needed. bf16/f16 conversions live in `comm_dtypes.cuh`.
+//! CUDA include folder is needed. bf16/f16 conversions live in `comm_dtypes.cuh`, block-wide
+//! sums in `comm_reduce.cuh`.
 
 mod cache;
 mod nvrtc;
@@ -26,10 +27,16 @@ pub struct KernelSource {
 }
 
 /// Headers that every source may include by name.
-pub const HEADERS: &[KernelSource] = &[KernelSource {
-    name: "comm_dtypes.cuh",
-    source: include_str!("../../../kernels/comm_dtypes.cuh"),
-}];
+pub const HEADERS: &[KernelSource] = &[
+    KernelSource {
+        name: "comm_dtypes.cuh",
+        source: include_str!("../../../kernels/comm_dtypes.cuh"),
+    },
+    KernelSource {
+        name: "comm_reduce.cuh",
+        source: include_str!("../../../kernels/comm_reduce.cuh"),
+    },
+];
 
 /// Fill and check kernels for test data on the device (see [`crate::cuda::pattern`]).
 pub const FILL_CHECK: KernelSource = KernelSource {
