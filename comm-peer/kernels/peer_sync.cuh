@@ -3,7 +3,8 @@
 // peer-memory kernels. Prepended (after peer_io.cuh) to peer_collectives.cu by the crate.
 //
 // Every rank owns one region that every rank can address (how it was obtained: CUDA IPC of
-// cuMemAlloc memory, or a VMM heap; comm_peer::layout mirrors this, keep the two in step):
+// cuMemAlloc memory, a VMM heap, or host memory registered with every device;
+// comm_peer::layout mirrors this, keep the two in step):
 //
 //   [0, 8 KiB)          PeerPad.flags: per-block barrier flags that PEERS store into (two sets)
 //   [8 KiB, +128)       PeerPad.chan: signal slots of the user channels, [channel][sender]
@@ -27,7 +28,8 @@
 //   slot sets, so a fast peer's next barrier never overwrites a value still awaited. Every
 //   block reads only data that the same-numbered block of each peer wrote before its
 //   release (identical partitions on every rank), so the per-block flag covers it. Scope
-//   .sys where peers are other devices, .gpu where every rank shares this device.
+//   .sys where peers are other devices or the regions are host memory mapped into the
+//   device (GPUs without peer access), .gpu where every rank shares this device's memory.
 // - Lamport: mailboxes hold the sentinel (peer_io.cuh); readers poll with volatile
 //   16-byte loads until no element holds it. Three buffers rotate: peers may be writing
 //   buffer seq%3 (this call) or (seq+1)%3 (their next call, once they have all of this
@@ -117,7 +119,7 @@ struct PeerArgs {
     uint32_t rank;
     uint32_t world;
     uint32_t aligned;         // user buffers 16-byte aligned
-    uint32_t gpu_scope;       // every rank on this device: .gpu scope suffices
+    uint32_t gpu_scope;       // every rank on this device, regions in its memory: .gpu suffices
     uint32_t root;            // broadcast root
     uint32_t peer;            // signal primitives: the peer
     uint32_t channel;         // signal primitives: the channel

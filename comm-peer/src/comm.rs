@@ -229,8 +229,19 @@ impl PeerComm {
     /// zero-copy all-reduces (inputs in such a buffer are read by the peers where they
     /// are, instead of being copied into the communicator's own region first; pull
     /// algorithms). Every rank must use the same offsets in its buffer for a call.
+    ///
+    /// Peers read such a buffer in this device's memory directly, which needs peer access
+    /// between the devices: where the regions are host memory (a source for devices without
+    /// it), this is `Error::Unsupported`.
     pub fn alloc(&self, bytes: usize) -> Result<PeerBuffer> {
         self.group.live()?;
+        if self.group.host_memory() {
+            return Err(Error::Unsupported(format!(
+                "{}: zero-copy buffers are device memory that peers read directly (peer \
+                 access); this communicator's regions are host memory",
+                self.name
+            )));
+        }
         let reg = Registered::new(self.context(), &*self.bootstrap, bytes, |_| Ok(()))?;
         Ok(PeerBuffer::new(
             reg,

@@ -114,9 +114,16 @@ impl PeerGroup {
         self.world
     }
 
-    /// Most ranks sharing one device (all of them: the kernels need only `.gpu` scope).
+    /// Most ranks sharing one device (all of them: the kernels need only `.gpu` scope,
+    /// unless the regions are host memory).
     pub fn sharing(&self) -> usize {
         self.source.sharing()
+    }
+
+    /// True when the regions are host memory mapped into the devices (see
+    /// [`PeerSource::host_memory`]).
+    pub fn host_memory(&self) -> bool {
+        self.source.host_memory()
     }
 
     /// Every rank's region as mapped in this process (device addresses), by rank.
@@ -189,7 +196,11 @@ impl PeerGroup {
             timeout_ns: self.timeout.as_nanos().min(u128::from(u64::MAX)) as u64,
             rank: self.rank as u32,
             world: self.world as u32,
-            gpu_scope: u32::from(self.source.sharing() == self.world),
+            gpu_scope: u32::from(gpu_scope(
+                self.source.sharing(),
+                self.world,
+                self.source.host_memory(),
+            )),
             ..PeerArgs::default()
         }
     }
@@ -270,6 +281,13 @@ impl PeerGroup {
     }
 }
 
+/// Whether the kernels' flags may use `.gpu` scope: only when every rank drives the same
+/// device (`sharing == world`) and the regions are that device's memory. Host memory mapped
+/// into the device needs `.sys` scope whoever shares the device.
+fn gpu_scope(sharing: usize, world: usize, host_memory: bool) -> bool {
+    sharing == world && !host_memory
+}
+
 /// Zeroes the header (flags, counters) of the region at `base` and fills `sentinel` (a
 /// range of region offsets) with the Lamport sentinel; returns once done, before any peer
 /// can see the region.
@@ -306,4 +324,21 @@ pub fn init_region(
 pub fn init_buffer(buf: &mut DeviceBuffer, sentinel: std::ops::Range<usize>) -> Result<()> {
     let ctx = buf.context().clone();
     init_region(&ctx, buf.device_ptr(), buf.bytes(), sentinel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gpu_scope;
+
+    #[test]
+    fn gpu_scope_only_for_device_memory_of_one_device() {
+        assert!(gpu_scope(2, 2, false));
+        assert!(gpu_scope(1, 1, false));
+        // Ranks on several devices: system scope.
+        assert!(!gpu_scope(1, 2, false));
+        assert!(!gpu_scope(2, 4, false));
+        // Host memory: system scope even when every rank shares the device.
+        assert!(!gpu_scope(2, 2, true));
+        assert!(!gpu_scope(1, 2, true));
+    }
 }

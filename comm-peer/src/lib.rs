@@ -1,7 +1,8 @@
 //! `comm-peer`: the GPU peer-memory layer of the comm crates. Not a backend: the backends
 //! that own peer memory (comm-ipc: CUDA IPC handles of `cuMemAlloc` regions and registered
-//! buffers; comm-symm: a symmetric heap of VMM or IPC segments) plug a [`PeerSource`] into
-//! it, and get every collective from here.
+//! buffers; comm-symm: a symmetric heap of VMM or IPC segments, or of host memory mapped
+//! into every device for GPUs without peer access) plug a [`PeerSource`] into it, and get
+//! every collective from here.
 //!
 //! How it works: every rank owns one region that every rank can address ([`layout`]:
 //! barrier flags and signal slots that peers store into, this rank's own call counter and

@@ -19,6 +19,13 @@ pub trait PeerSource: fmt::Debug + Send {
     fn table(&self) -> u64;
     /// Most ranks that share one device (any device), the same on every rank.
     fn sharing(&self) -> usize;
+    /// True when the regions are host memory mapped into the devices (no peer access
+    /// between them): the kernels then order their flags at system scope even when every
+    /// rank shares one device, since the memory lies outside the device, and the peers'
+    /// device memory (zero-copy buffers) is out of reach.
+    fn host_memory(&self) -> bool {
+        false
+    }
 }
 
 /// `ptrs` on the device, padded to [`MAX_RANKS`] entries (the kernels' `PeerTable`).

@@ -90,6 +90,7 @@ impl FabricParams {
                 ring_step_us: 13.5,
                 ring_efficiency: 0.9,
             },
+            Fabric::NoP2p => NO_P2P,
             // CPU processes sharing memory: memcpy-class bandwidth, sub-µs flags.
             Fabric::HostMemory | Fabric::Single => FabricParams {
                 launch_us: 0.3,
@@ -119,6 +120,40 @@ impl FabricParams {
         }
     }
 }
+
+/// GPUs without P2P (comm-symm's host-mapped backing; NCCL's shared-memory transport): the
+/// figures of PCIe Gen4 x16 through host memory. They are estimates, not measurements
+/// (no such machine was at hand): replace them with measured ones, or measure a tuning
+/// table on the machine (`allreduce-perf --tune`), which beats the model anyway.
+///
+/// Every byte crosses PCIe twice: its sender's kernel writes it into host memory, its
+/// receiver's kernel reads it back over its own link. The two go in opposite directions of
+/// each link and overlap, so the slower one, the read, bounds a transfer; host memory
+/// serves every rank's writes and reads.
+pub const NO_P2P: FabricParams = FabricParams {
+    // As over PCIe with P2P: a kernel launch or graph node.
+    launch_us: 4.0,
+    // A release store into host memory (~1 us to land) and acquire polls that each cost a
+    // PCIe round trip (~1-2 us), behind system-scope fences.
+    barrier_us: 6.0,
+    // Posted writes to host memory reach ~20 GB/s, but what a rank writes is read back by
+    // its receiver at the read rate below: per rank, ~12 GB/s delivered.
+    write_gbps: 12.0,
+    // Kernel loads from host memory: non-posted, a round trip each, ~10 GB/s with enough
+    // of them in flight.
+    read_gbps: 10.0,
+    // The host's memory and root complex carry every rank's bytes twice (written, read).
+    shared_gbps: Some(40.0),
+    // The memory controller serves concurrent readers far better than a PCIe switch
+    // forwards peer reads (`Fabric::Pcie`: 1.0).
+    read_contention: 0.25,
+    kernel_efficiency: 0.7,
+    ring_launch_us: 10.0,
+    // NCCL's shared-memory transport: every step copies through a host buffer and sets a
+    // flag the next rank polls; slower than a step over P2P (`Fabric::Pcie`: 13.5).
+    ring_step_us: 16.0,
+    ring_efficiency: 0.8,
+};
 
 /// Predicts collective times on one topology.
 #[derive(Debug, Clone)]
@@ -300,6 +335,62 @@ mod tests {
         assert!(small < us(&model, Ring, KB42) / 3.0);
         let (large, _) = best_ipc(MB256);
         assert!(us(&model, Ring, MB256) < large, "NCCL must win at 256 MiB");
+    }
+
+    /// The best of the four peer-memory patterns, and its time.
+    fn best_peer_pattern(model: &CostModel, bytes: usize) -> (f64, TrafficPattern) {
+        [OneShotPull, TwoShotPull, OneShotPush, TwoShotPush]
+            .iter()
+            .map(|&p| (us(model, p, bytes), p))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .unwrap()
+    }
+
+    #[test]
+    fn without_p2p_host_mapped_kernels_beat_nccl_small_and_nccl_wins_large() {
+        for world in [2, 4, 8] {
+            let model = CostModel::new(&Topology::uniform(world, Link::no_p2p(PciePath::Sys)));
+            assert_eq!(model.fabric(), Fabric::NoP2p);
+            let (small, which) = best_peer_pattern(&model, KB42);
+            let nccl = us(&model, Ring, KB42);
+            assert!(
+                small < nccl / 2.0,
+                "{world} ranks, 42 KB: {which:?} {small} us vs NCCL {nccl} us"
+            );
+            let (large, which) = best_peer_pattern(&model, MB256);
+            let nccl = us(&model, Ring, MB256);
+            assert!(
+                nccl < large,
+                "{world} ranks, 256 MiB: NCCL {nccl} us vs {which:?} {large} us"
+            );
+        }
+    }
+
+    #[test]
+    fn host_memory_costs_more_than_p2p_over_pcie() {
+        let pcie = |world| CostModel::new(&Topology::uniform(world, Link::pcie(PciePath::Pxb)));
+        let host = |world| CostModel::new(&Topology::uniform(world, Link::no_p2p(PciePath::Pxb)));
+        // Two GPUs (the common consumer box): every pattern, every size.
+        for pattern in [OneShotPull, TwoShotPull, OneShotPush, TwoShotPush, Ring] {
+            for bytes in [1024, KB42, 16 << 20, MB256] {
+                let (p2p, via_host) = (us(&pcie(2), pattern, bytes), us(&host(2), pattern, bytes));
+                assert!(
+                    p2p < via_host,
+                    "{pattern:?} {bytes} B: {p2p} vs {via_host} us"
+                );
+            }
+        }
+        // Eight: the write patterns (pull through one PCIe switch is the seeds' worst case,
+        // which host memory's controller may serve better).
+        for pattern in [OneShotPush, TwoShotPush, Ring] {
+            for bytes in [KB42, 16 << 20] {
+                let (p2p, via_host) = (us(&pcie(8), pattern, bytes), us(&host(8), pattern, bytes));
+                assert!(
+                    p2p < via_host,
+                    "{pattern:?} {bytes} B: {p2p} vs {via_host} us"
+                );
+            }
+        }
     }
 
     #[test]

@@ -43,6 +43,11 @@ pub struct Link {
     pub p2p: bool,
     /// Native atomics work across the link.
     pub peer_atomics: bool,
+    /// Both ranks drive a GPU: with `p2p` false, GPUs that reach each other only through
+    /// host memory. False between host-only ranks (and in topology files written before
+    /// the field existed, which read as host memory, as they did then).
+    #[serde(default)]
+    pub gpus: bool,
 }
 
 impl Link {
@@ -54,6 +59,7 @@ impl Link {
         pcie: PciePath::Unknown,
         p2p: false,
         peer_atomics: true,
+        gpus: false,
     };
 
     /// Two GPUs of one node joined by `nvlinks` NVLinks (H100/H200 SXM boards: 18).
@@ -65,6 +71,7 @@ impl Link {
             pcie: PciePath::Unknown,
             p2p: true,
             peer_atomics: true,
+            gpus: true,
         }
     }
 
@@ -77,6 +84,17 @@ impl Link {
             pcie: path,
             p2p: true,
             peer_atomics: false,
+            gpus: true,
+        }
+    }
+
+    /// Two GPUs of one node along `path` that cannot access each other's memory
+    /// (`cuDeviceCanAccessPeer` false: consumer cards, PCIe across sockets, virtual
+    /// machines): peer-memory kernels reach each other only through mapped host memory.
+    pub const fn no_p2p(path: PciePath) -> Link {
+        Link {
+            p2p: false,
+            ..Link::pcie(path)
         }
     }
 
@@ -88,6 +106,7 @@ impl Link {
         pcie: PciePath::Unknown,
         p2p: true,
         peer_atomics: true,
+        gpus: true,
     };
 
     /// Ranks on different nodes.
@@ -98,6 +117,7 @@ impl Link {
         pcie: PciePath::Unknown,
         p2p: false,
         peer_atomics: false,
+        gpus: false,
     };
 }
 
@@ -121,7 +141,11 @@ pub enum Fabric {
     NvLink,
     /// GPUs of one node, PCIe only, P2P possible between all pairs.
     Pcie,
-    /// Ranks share one node but GPUs cannot reach each other (or there are no GPUs).
+    /// GPUs of one node, some pair without P2P: peer memory only through host memory
+    /// mapped into the GPUs (comm-symm's host-mapped backing), NCCL through its shared-
+    /// memory transport.
+    NoP2p,
+    /// Host ranks of one node (no GPUs): shared host memory.
     HostMemory,
     /// Ranks span several nodes.
     MultiNode,
@@ -129,13 +153,14 @@ pub enum Fabric {
 
 impl Fabric {
     /// The word a tuning table's `fabric` holds: `single`, `same-device`, `nvlink`, `pcie`,
-    /// `host` or `multi-node`.
+    /// `no-p2p`, `host` or `multi-node`.
     pub const fn name(self) -> &'static str {
         match self {
             Fabric::Single => "single",
             Fabric::SameDevice => "same-device",
             Fabric::NvLink => "nvlink",
             Fabric::Pcie => "pcie",
+            Fabric::NoP2p => "no-p2p",
             Fabric::HostMemory => "host",
             Fabric::MultiNode => "multi-node",
         }
@@ -213,6 +238,8 @@ impl Topology {
             Fabric::NvLink
         } else if links(|l| l.p2p) {
             Fabric::Pcie
+        } else if links(|l| l.gpus) {
+            Fabric::NoP2p
         } else {
             Fabric::HostMemory
         }
@@ -281,8 +308,8 @@ impl Topology {
 }
 
 impl std::fmt::Display for Topology {
-    /// A matrix like `nvidia-smi topo -m`: NV# for NVLink, the PCIe class, SHM for host
-    /// memory, NET across nodes, X on the diagonal.
+    /// A matrix like `nvidia-smi topo -m`: NV# for NVLink, the PCIe class, NOP2P for GPUs
+    /// without peer access, SHM for host memory, NET across nodes, X on the diagonal.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let n = self.world_size();
         write!(f, "      ")?;
@@ -304,6 +331,8 @@ impl std::fmt::Display for Topology {
                     format!("NV{}", l.nvlinks)
                 } else if l.p2p {
                     format!("{:?}", l.pcie).to_uppercase()
+                } else if l.gpus {
+                    "NOP2P".to_string()
                 } else {
                     "SHM".to_string()
                 };
@@ -338,8 +367,69 @@ mod tests {
             Topology::uniform(4, Link::REMOTE).fabric(),
             Fabric::MultiNode
         );
+        assert_eq!(
+            Topology::uniform(4, Link::no_p2p(PciePath::Sys)).fabric(),
+            Fabric::NoP2p
+        );
         assert_eq!(Fabric::NvLink.to_string(), "nvlink");
         assert_eq!(Fabric::HostMemory.name(), "host");
+        assert_eq!(Fabric::NoP2p.name(), "no-p2p");
+    }
+
+    /// `n` GPUs of one node whose pair `(i, j)` has P2P where `p2p(i, j)` says so (what the
+    /// probe asks `cuDeviceCanAccessPeer`).
+    fn gpus_with_p2p(n: usize, p2p: impl Fn(usize, usize) -> bool) -> Topology {
+        let link = |i, j| {
+            if p2p(i, j) {
+                Link::pcie(PciePath::Node)
+            } else {
+                Link::no_p2p(PciePath::Sys)
+            }
+        };
+        Topology {
+            nodes: vec![0; n],
+            links: (0..n)
+                .map(|i| (0..n).map(|j| link(i, j)).collect())
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn one_pair_without_p2p_makes_the_fabric_no_p2p() {
+        assert_eq!(gpus_with_p2p(4, |_, _| true).fabric(), Fabric::Pcie);
+        // Two sockets, P2P within each, none across.
+        let two_sockets = gpus_with_p2p(4, |i, j| i / 2 == j / 2);
+        assert_eq!(two_sockets.fabric(), Fabric::NoP2p);
+        assert!(two_sockets.to_string().contains("NOP2P"));
+        // One direction missing is enough: a kernel of that rank cannot reach its peer.
+        assert_eq!(
+            gpus_with_p2p(2, |i, j| !(i == 1 && j == 0)).fabric(),
+            Fabric::NoP2p
+        );
+        // NVLink-bridged pairs without P2P between them, and ranks sharing a GPU beside
+        // GPUs that cannot reach it: still some pair without P2P.
+        let mut bridged = gpus_with_p2p(3, |i, j| i < 2 && j < 2);
+        bridged.links[0][1] = Link::nvlink(4);
+        bridged.links[1][0] = Link::nvlink(4);
+        assert_eq!(bridged.fabric(), Fabric::NoP2p);
+        let mut shared = gpus_with_p2p(3, |_, _| false);
+        shared.links[0][1] = Link::SAME_DEVICE;
+        shared.links[1][0] = Link::SAME_DEVICE;
+        assert_eq!(shared.fabric(), Fabric::NoP2p);
+    }
+
+    #[test]
+    fn topology_files_without_the_gpus_field_read_as_before() {
+        let old = r#"{"nodes":[0,0],"links":[[
+            {"same_node":true,"same_device":false,"nvlinks":0,"pcie":"SYS","p2p":false,"peer_atomics":false},
+            {"same_node":true,"same_device":false,"nvlinks":0,"pcie":"SYS","p2p":false,"peer_atomics":false}],[
+            {"same_node":true,"same_device":false,"nvlinks":0,"pcie":"SYS","p2p":false,"peer_atomics":false},
+            {"same_node":true,"same_device":false,"nvlinks":0,"pcie":"SYS","p2p":false,"peer_atomics":false}]]}"#;
+        let t: Topology = serde_json::from_str(old).unwrap();
+        assert_eq!(t.fabric(), Fabric::HostMemory);
+        let t = Topology::uniform(2, Link::no_p2p(PciePath::Sys));
+        let back: Topology = serde_json::from_str(&t.to_json()).unwrap();
+        assert_eq!((back.fabric(), back), (Fabric::NoP2p, t));
     }
 
     #[test]

@@ -15,7 +15,9 @@
 //!
 //! With feature `cuda`, module `cuda` holds the device backing: a `cuda::DeviceHeap` of GPU
 //! memory (`cuMemCreate` segments exported as POSIX file descriptors, passed with
-//! [`fdpass`] and mapped by every local rank; legacy CUDA IPC where VMM is missing), its
+//! [`fdpass`] and mapped by every local rank; legacy CUDA IPC where VMM is missing; where
+//! some pair of GPUs cannot access each other, memfd segments of host memory registered
+//! with every rank's device), its
 //! signal and barrier primitives as kernels, and `cuda::CudaSymmComm`, the same
 //! algorithms on device memory plus the fused all-reduce + residual add + RMSNorm.
 

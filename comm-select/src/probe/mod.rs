@@ -4,8 +4,9 @@
 //! bus id); then each rank classifies its links to every peer from its own point of view,
 //! through CUDA (peer access, native peer atomics) and NVML (NVLink, PCIe path class), and
 //! the rows are exchanged so that every rank holds the same matrix
-//! ([`Topology::agree`]). Nothing here panics without a GPU or without the libraries: what
-//! cannot be probed is reported as unknown or as plain host memory.
+//! ([`Topology::agree`]). GPUs that cannot access each other's memory (P2P) make the
+//! fabric `no-p2p`. Nothing here panics without a GPU or without the libraries: what cannot
+//! be probed is reported as unknown or as plain host memory.
 
 #[cfg(feature = "cuda")]
 mod nvml;
@@ -85,41 +86,44 @@ mod gpu {
         Ok(Some(id.to_string_lossy().to_lowercase()))
     }
 
-    /// The link from this rank's GPU to the GPU with bus id `peer`, as seen from here.
+    /// The link from this rank's GPU to the GPU with bus id `peer`, as seen from here:
+    /// NVLink and PCIe class from NVML, P2P and native atomics from CUDA (from NVML where
+    /// the peer's GPU is hidden from this process; without P2P where neither can tell).
     pub(super) fn link(ordinal: usize, mine: &str, peer: &str) -> Link {
-        let mut link = Link {
-            p2p: false,
-            peer_atomics: false,
-            ..Link::pcie(PciePath::Unknown)
-        };
-        if let Some(info) = nvml::pair(mine, peer) {
-            link.nvlinks = info.nvlinks;
-            link.pcie = info.pcie;
+        let info = nvml::pair(mine, peer);
+        let mut link = Link::no_p2p(info.map_or(PciePath::Unknown, |i| i.pcie));
+        link.nvlinks = info.map_or(0, |i| i.nvlinks);
+        match access(ordinal, peer) {
+            Some((p2p, atomics)) => (link.p2p, link.peer_atomics) = (p2p, atomics),
+            None => link.p2p = info.and_then(|i| i.p2p).unwrap_or(false),
         }
-        // The peer's GPU may be invisible to this process (CUDA_VISIBLE_DEVICES): then
-        // P2P cannot be asked, and stays false.
-        let Ok(c_peer) = std::ffi::CString::new(peer) else {
-            return link;
-        };
-        let (Ok(me), mut other) = (result::device::get(ordinal as i32), 0 as sys::CUdevice) else {
-            return link;
-        };
+        link
+    }
+
+    /// Whether CUDA device `ordinal` can access the memory of the GPU with bus id `peer`,
+    /// and use native atomics on it; `None` when the peer's GPU is invisible to this
+    /// process (`CUDA_VISIBLE_DEVICES`) or the driver cannot tell.
+    fn access(ordinal: usize, peer: &str) -> Option<(bool, bool)> {
+        let c_peer = std::ffi::CString::new(peer).ok()?;
+        let me = result::device::get(ordinal as i32).ok()?;
+        let mut other = 0 as sys::CUdevice;
         // SAFETY: valid C string and out-pointer.
         if unsafe { sys::cuDeviceGetByPCIBusId(&mut other, c_peer.as_ptr()) }
             != sys::CUresult::CUDA_SUCCESS
         {
-            return link;
+            return None;
         }
         let attribute = |attr| {
             let mut value = 0;
             // SAFETY: valid devices and out-pointer.
             let r = unsafe { sys::cuDeviceGetP2PAttribute(&mut value, attr, me, other) };
-            r == sys::CUresult::CUDA_SUCCESS && value == 1
+            (r == sys::CUresult::CUDA_SUCCESS).then_some(value == 1)
         };
-        link.p2p = attribute(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED);
-        link.peer_atomics =
-            attribute(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED);
-        link
+        Some((
+            attribute(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED)?,
+            attribute(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED)
+                .unwrap_or(false),
+        ))
     }
 }
 

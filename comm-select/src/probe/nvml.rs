@@ -30,6 +30,10 @@ pub struct PairInfo {
     pub nvlinks: u32,
     /// The PCIe path class.
     pub pcie: PciePath,
+    /// Whether the first GPU can read the second's memory (P2P), `None` where NVML cannot
+    /// tell: CUDA's answer where both GPUs are visible, this where one is hidden from the
+    /// process (`CUDA_VISIBLE_DEVICES`), as NCCL does.
+    pub p2p: Option<bool>,
 }
 
 /// Queries NVML about two GPUs given by PCI bus id (`0000:18:00.0`).
@@ -49,6 +53,10 @@ pub fn pair(bus_a: &str, bus_b: &str) -> Option<PairInfo> {
     } else {
         0
     };
+    let p2p = a
+        .p2p_status(&b, P2pCapabilitiesIndex::Read)
+        .ok()
+        .map(|status| status == P2pStatus::Ok);
     let pcie = match a.topology_common_ancestor(b) {
         Ok(TopologyLevel::Internal | TopologyLevel::Single) => PciePath::Pix,
         Ok(TopologyLevel::Multiple) => PciePath::Pxb,
@@ -57,5 +65,5 @@ pub fn pair(bus_a: &str, bus_b: &str) -> Option<PairInfo> {
         Ok(TopologyLevel::System) => PciePath::Sys,
         _ => PciePath::Unknown,
     };
-    Some(PairInfo { nvlinks, pcie })
+    Some(PairInfo { nvlinks, pcie, p2p })
 }

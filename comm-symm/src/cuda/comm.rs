@@ -8,8 +8,8 @@ use comm_core::{Bootstrap, Result};
 use comm_peer::config::Env;
 use comm_peer::{PeerComm, PeerConfig, device_for, refuse_join};
 
+use super::backing::Backing;
 use super::heap::map_segments;
-use super::segment::Backing;
 
 /// The prefix of this backend's environment variables.
 pub const ENV_PREFIX: &str = "COMM_SYMM";
@@ -19,7 +19,8 @@ pub const ENV_PREFIX: &str = "COMM_SYMM";
 pub struct CudaSymmConfig {
     /// The peer-memory layer's settings (sizes, algorithm, timeout, validation, grid).
     pub peer: PeerConfig,
-    /// VMM, legacy IPC, or whichever every rank can use.
+    /// VMM, legacy IPC, host memory, or [`Backing::Auto`]: host memory where some pair of
+    /// ranks' devices cannot access each other, else the device memory every rank can use.
     pub backing: Backing,
 }
 
@@ -39,7 +40,7 @@ impl Default for CudaSymmConfig {
 
 impl CudaSymmConfig {
     /// The defaults, overridden by the `COMM_SYMM_*` variables of [`PeerConfig::with_env`]
-    /// and `COMM_SYMM_BACKING` (`auto`, `vmm` or `ipc`).
+    /// and `COMM_SYMM_BACKING` (`auto`, `vmm`, `ipc` or `host`).
     pub fn from_env() -> Result<Self> {
         let d = CudaSymmConfig::default();
         let backing = match Env(ENV_PREFIX).var("BACKING") {
@@ -64,7 +65,7 @@ impl CudaSymmConfig {
 #[derive(Debug)]
 pub struct CudaSymmComm {
     inner: PeerComm,
-    vmm: bool,
+    backing: Backing,
     segment_bytes: usize,
 }
 
@@ -79,7 +80,7 @@ impl CudaSymmComm {
         config: CudaSymmConfig,
     ) -> Result<Self> {
         let b = bootstrap.clone();
-        let shape = Cell::new((false, 0usize));
+        let shape = Cell::new((Backing::Auto, 0usize));
         let backing = config.backing;
         let inner = PeerComm::join(
             "symm",
@@ -96,14 +97,14 @@ impl CudaSymmComm {
                     layout.lamport_range(),
                     Ok(()),
                 )?;
-                shape.set((mapped.vmm, mapped.size));
+                shape.set((mapped.backing, mapped.size));
                 Ok(mapped.source)
             }),
         )?;
-        let (vmm, segment_bytes) = shape.get();
+        let (backing, segment_bytes) = shape.get();
         Ok(CudaSymmComm {
             inner,
-            vmm,
+            backing,
             segment_bytes,
         })
     }
@@ -117,9 +118,14 @@ impl CudaSymmComm {
         }
     }
 
-    /// True for VMM segments, false for legacy CUDA IPC.
+    /// True for VMM segments.
     pub fn is_vmm(&self) -> bool {
-        self.vmm
+        self.backing == Backing::Vmm
+    }
+
+    /// The backing the ranks chose (never [`Backing::Auto`]).
+    pub fn backing(&self) -> Backing {
+        self.backing
     }
 
     /// Bytes of every rank's segment (header included, rounded up to the granularity).

@@ -1,9 +1,10 @@
 //! [`DeviceHeap`]: the device symmetric heap of the local ranks.
 //!
 //! [`DeviceHeap::rendezvous`] is collective: every rank allocates a segment of the same
-//! size (header + data, see `comm_peer::layout`), the ranks agree on the backing (VMM when
-//! every rank can, else legacy CUDA IPC), exchange descriptors or handles, and map every
-//! peer's segment. Each rank ends with its own segment, every peer's address in this
+//! size (header + data, see `comm_peer::layout`), the ranks agree on the backing (see
+//! `backing`: host memory where some pair of devices cannot access each other, else VMM
+//! when every rank can, else legacy CUDA IPC), exchange descriptors or handles, and map
+//! every peer's segment. Each rank ends with its own segment, every peer's address in this
 //! process (host side, and as a device table for kernels) and the signal pads at the same
 //! offset everywhere. Every step ends with an exchange of verdicts, so that a rank that
 //! fails makes every rank fail instead of leaving them waiting.
@@ -21,10 +22,12 @@ use comm_core::cuda::cudarc::driver::CudaContext;
 use comm_core::{Bootstrap, Error, Result};
 use comm_peer::layout::HEADER_BYTES;
 use comm_peer::{
-    PeerGroup, PeerSource, Ready, Registered, device_table, init_buffer, init_region, sharing, uuid,
+    PeerGroup, PeerSource, Ready, Registered, device_table, init_buffer, init_region, sharing,
 };
 
-use super::segment::{Backing, VmmMapping, vmm_size, vmm_supported};
+use super::backing::{Backing, Offer, choose};
+use super::host_mapped;
+use super::segment::{VmmMapping, vmm_size};
 use crate::fdpass::exchange_fds;
 
 /// One rank's view of the device symmetric heap (see the module docs).
@@ -32,14 +35,15 @@ use crate::fdpass::exchange_fds;
 pub struct DeviceHeap {
     group: PeerGroup,
     size: usize,
-    vmm: bool,
+    backing: Backing,
 }
 
 /// Every rank's segment mapped here, by rank, after a rendezvous.
 pub(crate) struct Mapped {
     pub(crate) source: Box<dyn PeerSource>,
     pub(crate) size: usize,
-    pub(crate) vmm: bool,
+    /// The backing the ranks chose (never `Auto`).
+    pub(crate) backing: Backing,
 }
 
 impl DeviceHeap {
@@ -80,7 +84,7 @@ impl DeviceHeap {
                 bootstrap.timeout(),
             ),
             size: mapped.size,
-            vmm: mapped.vmm,
+            backing: mapped.backing,
         })
     }
 
@@ -94,9 +98,14 @@ impl DeviceHeap {
         HEADER_BYTES
     }
 
-    /// True for VMM segments, false for legacy CUDA IPC.
+    /// True for VMM segments.
     pub fn is_vmm(&self) -> bool {
-        self.vmm
+        self.backing == Backing::Vmm
+    }
+
+    /// The backing the ranks chose (never [`Backing::Auto`]).
+    pub fn backing(&self) -> Backing {
+        self.backing
     }
 
     /// Sets the bound on waits.
@@ -120,18 +129,18 @@ impl std::ops::Deref for DeviceHeap {
     }
 }
 
-/// VMM segments: this rank's and every peer's, mapped here.
+/// Every rank's segment mapped here, whatever the backing: `_held` keeps the mappings
+/// (released on drop), `ptrs` are their addresses for this rank's device, by rank.
 #[derive(Debug)]
-struct VmmSegments {
-    // Peers before own, so that mappings go before what they map.
-    _peers: Vec<VmmMapping>,
-    _own: VmmMapping,
-    ptrs: Vec<u64>,
-    table: DeviceBuffer,
-    sharing: usize,
+pub(super) struct Segments<M> {
+    pub(super) _held: M,
+    pub(super) ptrs: Vec<u64>,
+    pub(super) table: DeviceBuffer,
+    pub(super) sharing: usize,
+    pub(super) host_memory: bool,
 }
 
-impl PeerSource for VmmSegments {
+impl<M: std::fmt::Debug + Send> PeerSource for Segments<M> {
     fn ptrs(&self) -> &[u64] {
         &self.ptrs
     }
@@ -142,6 +151,10 @@ impl PeerSource for VmmSegments {
 
     fn sharing(&self) -> usize {
         self.sharing
+    }
+
+    fn host_memory(&self) -> bool {
+        self.host_memory
     }
 }
 
@@ -166,12 +179,9 @@ pub(crate) fn map_segments(
         }
         Ok(())
     });
-    // Step 1: can everyone take part, and can everyone use VMM?
+    // Step 1: can everyone take part, and what can everyone use?
     let msg = match &local {
-        Ok(()) => vec![
-            1u8,
-            u8::from(backing != Backing::LegacyIpc && vmm_supported(ctx)),
-        ],
+        Ok(()) => [&[1u8][..], &Offer::local(ctx).encode()].concat(),
         Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
     };
     let all = bootstrap.all_gather_bytes(&msg)?;
@@ -182,20 +192,43 @@ pub(crate) fn map_segments(
             String::from_utf8_lossy(m.get(1..).unwrap_or_default())
         )));
     }
-    let vmm = all.iter().all(|m| m.get(1) == Some(&1));
-    if backing == Backing::Vmm && !vmm {
-        return Err(Error::Unsupported(
-            "symm: VMM with descriptor handles is not available on every rank".into(),
-        ));
+    // Every rank decides alike from the same offers: no further exchange is needed.
+    let offers = all
+        .iter()
+        .map(|m| Offer::decode(&m[1..]))
+        .collect::<Result<Vec<_>>>()?;
+    let sharing = sharing(offers.iter().map(|o| &o.device[..]));
+    match choose(backing, &offers)? {
+        Backing::LegacyIpc => {
+            let region = Registered::new(ctx, bootstrap, wanted, |buf| init_buffer(buf, sentinel))?;
+            Ok(Mapped {
+                source: Box::new(region),
+                size: wanted,
+                backing: Backing::LegacyIpc,
+            })
+        }
+        Backing::HostMapped => {
+            let (source, size) = host_mapped::map(bootstrap, ctx, wanted, sentinel, sharing)?;
+            Ok(Mapped {
+                source,
+                size,
+                backing: Backing::HostMapped,
+            })
+        }
+        _ => map_vmm(bootstrap, ctx, wanted, sentinel, sharing),
     }
-    if !vmm {
-        let region = Registered::new(ctx, bootstrap, wanted, |buf| init_buffer(buf, sentinel))?;
-        return Ok(Mapped {
-            source: Box::new(region),
-            size: wanted,
-            vmm: false,
-        });
-    }
+}
+
+/// Collective, once every rank chose VMM: allocates and initialises this rank's segment and
+/// maps every rank's.
+fn map_vmm(
+    bootstrap: &dyn Bootstrap,
+    ctx: &Arc<CudaContext>,
+    wanted: usize,
+    sentinel: std::ops::Range<usize>,
+    sharing: usize,
+) -> Result<Mapped> {
+    let world = bootstrap.world_size();
     // Step 2: allocate and initialise this rank's segment; compare sizes.
     let own = vmm_size(ctx, wanted).and_then(|size| {
         let own = VmmMapping::create(ctx, size)?;
@@ -203,14 +236,14 @@ pub(crate) fn map_segments(
         Ok((own, size))
     });
     let msg = match &own {
-        Ok((_, size)) => [&[1u8][..], &(*size as u64).to_le_bytes(), &uuid(ctx)].concat(),
+        Ok((_, size)) => [&[1u8][..], &(*size as u64).to_le_bytes()].concat(),
         Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
     };
     let all = bootstrap.all_gather_bytes(&msg)?;
     if let Some((r, m)) = all
         .iter()
         .enumerate()
-        .find(|(_, m)| m.first() != Some(&1) || m.len() != 25)
+        .find(|(_, m)| m.first() != Some(&1) || m.len() != 9)
     {
         // Keep the fd exchange in step: a failed rank takes no part in it, so nobody does.
         return Err(Error::Bootstrap(format!(
@@ -240,18 +273,7 @@ pub(crate) fn map_segments(
             .map(|r| VmmMapping::import(ctx, &fds[r], size))
             .collect::<Result<Vec<_>>>()
     });
-    let verdict = match &peers {
-        Ok(_) => Vec::new(),
-        Err(e) => e.to_string().into_bytes(),
-    };
-    let verdicts = bootstrap.all_gather_bytes(&verdict)?;
-    let peers = peers?;
-    if let Some((r, why)) = verdicts.iter().enumerate().find(|(_, v)| !v.is_empty()) {
-        return Err(Error::Bootstrap(format!(
-            "rank {r} could not map the symm segments: {}",
-            String::from_utf8_lossy(why)
-        )));
-    }
+    let peers = every_rank(bootstrap, peers, "map the symm segments")?;
     let mut others = peers.iter();
     let ptrs: Vec<u64> = (0..world)
         .map(|r| {
@@ -266,14 +288,34 @@ pub(crate) fn map_segments(
     // Nobody touches a peer's segment before every rank has mapped (and initialised) all.
     bootstrap.barrier()?;
     Ok(Mapped {
-        source: Box::new(VmmSegments {
-            _peers: peers,
-            _own: own,
+        source: Box::new(Segments {
+            // Peers before own, so that mappings go before what they map.
+            _held: (peers, own),
             ptrs,
             table,
-            sharing: sharing(all.iter().map(|m| &m[9..25])),
+            sharing,
+            host_memory: false,
         }),
         size,
-        vmm: true,
+        backing: Backing::Vmm,
     })
+}
+
+/// Collective: `mine` where every rank's step succeeded, else an error naming a rank that
+/// failed, on every rank (so that a rank that fails makes every rank fail instead of
+/// leaving them waiting). `what` says what the step does.
+pub(super) fn every_rank<T>(bootstrap: &dyn Bootstrap, mine: Result<T>, what: &str) -> Result<T> {
+    let verdict = match &mine {
+        Ok(_) => Vec::new(),
+        Err(e) => e.to_string().into_bytes(),
+    };
+    let verdicts = bootstrap.all_gather_bytes(&verdict)?;
+    let mine = mine?;
+    match verdicts.iter().enumerate().find(|(_, v)| !v.is_empty()) {
+        Some((r, why)) => Err(Error::Bootstrap(format!(
+            "rank {r} could not {what}: {}",
+            String::from_utf8_lossy(why)
+        ))),
+        None => Ok(mine),
+    }
 }

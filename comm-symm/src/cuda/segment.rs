@@ -9,7 +9,8 @@
 //! of it is gone, so a rank may free its own segment while peers still hold theirs.
 //!
 //! Legacy CUDA IPC (where VMM or descriptor handles are missing) is the peer-memory
-//! layer's own registration (`comm_peer::Registered`).
+//! layer's own registration (`comm_peer::Registered`); host memory (devices without peer
+//! access) is `host_mapped`.
 //!
 //! Every driver call is checked; every resource is released on drop, and a half-built
 //! value releases what it already holds.
@@ -25,31 +26,6 @@ use comm_core::{Error, Result};
 pub(crate) fn cu(r: sys::CUresult, what: &str) -> Result<()> {
     r.result()
         .map_err(|e| Error::backend("cuda", format!("{what}: {}", driver_error(e))))
-}
-
-/// How segments are allocated and shared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backing {
-    /// VMM when every rank's device supports it, legacy CUDA IPC otherwise.
-    Auto,
-    /// `cuMemCreate` + POSIX file descriptors.
-    Vmm,
-    /// `cuMemAlloc` + CUDA IPC handles.
-    LegacyIpc,
-}
-
-impl Backing {
-    /// `auto`, `vmm` or `ipc`.
-    pub fn parse(s: &str) -> Result<Self> {
-        match s.trim() {
-            "" | "auto" => Ok(Backing::Auto),
-            "vmm" => Ok(Backing::Vmm),
-            "ipc" | "legacy" => Ok(Backing::LegacyIpc),
-            other => Err(Error::InvalidArgument(format!(
-                "unknown symm backing `{other}` (auto, vmm or ipc)"
-            ))),
-        }
-    }
 }
 
 /// True when the device of `ctx` can create VMM memory with descriptor handles.

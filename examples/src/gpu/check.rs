@@ -8,13 +8,17 @@
 //! all-reduce, a zero-copy all-reduce and a fused op, replayed on new data. Then the signal
 //! primitives, the timeout check (the last rank stays away: the others must get
 //! `Error::Timeout`, then `Error::Aborted`), and registration cycles (symm-cuda: heap
-//! rendezvous; ipc: zero-copy buffers) with no growth of device memory, descriptors or
-//! /dev/shm entries. Each check prints PASS or FAIL; any failure makes the exit status 1.
+//! rendezvous; ipc: zero-copy buffers) with no growth of device memory, descriptors,
+//! /dev/shm entries, heap segment mappings or pinned host memory. Each check prints PASS
+//! or FAIL; any failure makes the exit status 1. Where the regions are host memory
+//! (symm-cuda's host backing, for GPUs without peer access) there are no zero-copy
+//! buffers: the zero-copy conformance run is left out, the sweep's and the graph's
+//! zero-copy cases run on device memory, and their detail lines say so.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use comm_core::conformance;
+use comm_core::conformance::{self, TestMemory};
 use comm_core::cuda::cudarc::driver::result;
 use comm_core::cuda::{DeviceMemory, DeviceOwned, device_count, driver_error, probe, raw_stream};
 use comm_core::{Bootstrap, DType, Error, ReduceOp, Result};
@@ -88,7 +92,7 @@ pub fn run_rank(bootstrap: Arc<dyn Bootstrap>, opts: &Options) -> bool {
             say(&format!("# {}", check.comm.describe()));
         }
         let mut steps: Vec<(&str, Step)> = vec![("conformance (eager)", Check::conformance_eager)];
-        if !opts.quick {
+        if !opts.quick && check.zero_copy {
             steps.push(("conformance (zero-copy)", Check::conformance_zero_copy));
         }
         steps.extend([
@@ -162,6 +166,8 @@ struct Check {
     memory: DeviceMemory,
     bootstrap: Arc<dyn Bootstrap>,
     quick: bool,
+    /// Zero-copy buffers exist: not where the regions are host memory.
+    zero_copy: bool,
 }
 
 impl Check {
@@ -180,6 +186,7 @@ impl Check {
         let memory =
             DeviceMemory::with_stream(comm.peer().context().new_stream().map_err(driver_error)?);
         Ok(Check {
+            zero_copy: !comm.peer().group().host_memory(),
             comm,
             memory,
             bootstrap: bootstrap.clone(),
@@ -240,7 +247,7 @@ impl Check {
                     if count > 65537 && op != ReduceOp::Sum {
                         continue;
                     }
-                    for zero_copy in [false, true] {
+                    for &zero_copy in self.modes() {
                         seed += 1;
                         self.one_case(dtype, op, count, seed, zero_copy, false)?;
                         cases += 1;
@@ -250,16 +257,36 @@ impl Check {
         }
         // In place, both modes, at odd sizes of one launch and of three.
         for count in [21503, largest(DType::BF16)] {
-            for zero_copy in [false, true] {
+            for &zero_copy in self.modes() {
                 seed += 1;
                 self.one_case(DType::BF16, ReduceOp::Sum, count, seed, zero_copy, true)?;
                 cases += 1;
             }
         }
         Ok(format!(
-            "{cases} cases, counts 1..={}",
-            largest(DType::BF16)
+            "{cases} cases, counts 1..={}{}",
+            largest(DType::BF16),
+            self.eager_only()
         ))
+    }
+
+    /// What a detail line adds where the zero-copy cases ran on device memory.
+    fn eager_only(&self) -> &'static str {
+        if self.zero_copy {
+            ""
+        } else {
+            ", no zero-copy (regions in host memory)"
+        }
+    }
+
+    /// Whether the sweep's cases run zero-copy: both ways, or eager only where there are no
+    /// zero-copy buffers.
+    fn modes(&self) -> &'static [bool] {
+        if self.zero_copy {
+            &[false, true]
+        } else {
+            &[false]
+        }
     }
 
     /// One call on fresh data, checked against the f64 reference and across ranks.
@@ -415,7 +442,8 @@ impl Check {
     }
 
     /// One graph of three calls: 42 KB bf16 all-reduce (eager), an odd f32 avg all-reduce
-    /// on a zero-copy buffer, a fused op (3 x 7168); replayed on new data three times.
+    /// on a zero-copy buffer (device memory where there are none), a fused op (3 x 7168);
+    /// replayed on new data three times.
     fn graph(&self) -> Result<String> {
         let comm = self.comm.peer();
         let c = self.comm.as_dyn();
@@ -424,7 +452,16 @@ impl Check {
         let (n, n2, hidden) = (21504usize, 1001usize, 7168usize);
         let mut a_in = self.memory.alloc(DType::BF16, n)?;
         let mut a_out = self.memory.alloc(DType::BF16, n)?;
-        let mut zc_in = comm.alloc(n2 * 4)?;
+        let zero_copy = ZeroCopyMemory {
+            comm,
+            stream: stream.clone(),
+        };
+        let b_memory: &dyn TestMemory = if self.zero_copy {
+            &zero_copy
+        } else {
+            &self.memory
+        };
+        let mut b_in = b_memory.alloc(DType::F32, n2)?;
         let mut b_out = self.memory.alloc(DType::F32, n2)?;
         let mut x = self.memory.alloc(DType::BF16, n)?;
         let mut res = self.memory.alloc(DType::BF16, n)?;
@@ -436,11 +473,7 @@ impl Check {
                        out: &mut DeviceOwned|
          -> Result<()> {
             c.all_reduce(a_in.view(0, n)?, a_out.view_mut(0, n)?, ReduceOp::Sum)?;
-            c.all_reduce(
-                zc_in.view(DType::F32, 0, n2, stream)?,
-                b_out.view_mut(0, n2)?,
-                ReduceOp::Avg,
-            )?;
+            c.all_reduce(b_in.view(0, n2), b_out.view_mut(0, n2)?, ReduceOp::Avg)?;
             comm.all_reduce_residual_rmsnorm(
                 x.view(0, n)?,
                 res.view_mut(0, n)?,
@@ -462,7 +495,7 @@ impl Check {
             let r0 = all_inputs(DType::BF16, n, 4000 + replay, 1).remove(0);
             let w = all_inputs(DType::BF16, hidden, 5000 + replay, 1).remove(0);
             a_in.write(&a[rank])?;
-            zc_in.upload(stream, 0, &b[rank])?;
+            b_in.write(&b[rank])?;
             x.write(&xs[rank])?;
             res.write(&r0)?;
             weight.write(&w)?;
@@ -476,7 +509,7 @@ impl Check {
             self.verify(DType::BF16, ReduceOp::Sum, &a, &a_out.read()?, n)
                 .map_err(|e| Error::Mismatch(format!("replay {replay}, bf16: {e}")))?;
             self.verify(DType::F32, ReduceOp::Avg, &b, &b_out.read()?, n2)
-                .map_err(|e| Error::Mismatch(format!("replay {replay}, f32 zero-copy: {e}")))?;
+                .map_err(|e| Error::Mismatch(format!("replay {replay}, f32 avg: {e}")))?;
             let (_, ref_out) = fused_reference(&xs, &r0, &w, n / hidden, hidden, 1e-6);
             let got = out.read()?;
             let bad = ref_out
@@ -498,7 +531,10 @@ impl Check {
         drop(graph);
         // Every rank must be done reading this rank's zero-copy buffer before it is freed.
         self.bootstrap.barrier()?;
-        Ok("eager + zero-copy all-reduce + fused op captured, 3 replays on new data".into())
+        Ok(format!(
+            "eager + zero-copy all-reduce + fused op captured, 3 replays on new data{}",
+            self.eager_only()
+        ))
     }
 }
 
@@ -609,6 +645,25 @@ fn shm_count() -> usize {
         .unwrap_or(0)
 }
 
+/// Mappings of the heap's memfd segments in this process (symm-cuda's host backing).
+fn segment_maps() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .map(|m| m.lines().filter(|l| l.contains("memfd:comm-symm")).count())
+        .unwrap_or(0)
+}
+
+/// The host's available memory in MiB (pinned segments that leak lower it), 0 if unknown.
+fn available_host_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib >> 10)
+}
+
 fn free_device_memory() -> Result<usize> {
     result::mem_get_info()
         .map(|(free, _)| free)
@@ -616,7 +671,8 @@ fn free_device_memory() -> Result<usize> {
 }
 
 /// Registration + free, `cycles` times (after 10 to warm up): no growth in device memory,
-/// descriptors or shm entries. symm-cuda: heap rendezvous; ipc: zero-copy buffers.
+/// descriptors, shm entries or heap segment mappings, no loss of host memory (the host
+/// backing pins its segments). symm-cuda: heap rendezvous; ipc: zero-copy buffers.
 fn cycles_check(bootstrap: &Arc<dyn Bootstrap>, opts: &Options) -> Result<String> {
     let device = device_of(&**bootstrap)?;
     let ctx = probe::context(device)?;
@@ -659,22 +715,26 @@ fn cycles_check(bootstrap: &Arc<dyn Bootstrap>, opts: &Options) -> Result<String
     }
     bootstrap.barrier()?;
     let (mem0, fd0, shm0) = (free_device_memory()?, fd_count(), shm_count());
+    let (maps0, host0) = (segment_maps(), available_host_mib());
     let started = Instant::now();
     for i in 0..opts.cycles {
         one(i)?;
     }
     bootstrap.barrier()?;
     let (mem1, fd1, shm1) = (free_device_memory()?, fd_count(), shm_count());
+    let (maps1, host1) = (segment_maps(), available_host_mib());
     let per = started.elapsed().as_secs_f64() * 1e3 / opts.cycles.max(1) as f64;
     let grown = mem0.saturating_sub(mem1);
     let detail = format!(
-        "{per:.2} ms/cycle; free device memory {} -> {} MiB, fds {fd0} -> {fd1}, /dev/shm {shm0} -> {shm1}",
+        "{per:.2} ms/cycle; free device memory {} -> {} MiB, fds {fd0} -> {fd1}, /dev/shm \
+         {shm0} -> {shm1}, segment maps {maps0} -> {maps1}, available host memory {host0} -> \
+         {host1} MiB",
         mem0 >> 20,
         mem1 >> 20
     );
     // Device memory is per GPU (every rank's, at the same barrier); allow one granule of
-    // driver bookkeeping.
-    if grown > 2 << 20 || fd1 > fd0 || shm1 > shm0 {
+    // driver bookkeeping. Host memory is the machine's: allow other processes some noise.
+    if grown > 2 << 20 || fd1 > fd0 || shm1 > shm0 || maps1 > maps0 || host0 > host1 + 256 {
         return Err(Error::Mismatch(format!("resources grew: {detail}")));
     }
     Ok(detail)

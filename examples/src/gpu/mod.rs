@@ -21,7 +21,7 @@ use comm_symm::cuda::{Backing, CudaSymmComm, CudaSymmConfig};
 pub enum Backend {
     /// comm-ipc: CUDA IPC handles of `cuMemAlloc` regions.
     Ipc,
-    /// comm-symm's CUDA heap: VMM segments (or legacy IPC).
+    /// comm-symm's CUDA heap: VMM segments (or legacy IPC, or host memory).
     SymmCuda,
 }
 
@@ -114,10 +114,10 @@ impl GpuComm {
             GpuComm::Ipc(_) => "CUDA IPC regions".to_string(),
             GpuComm::Symm(c) => format!(
                 "{} heap, segment {} MiB",
-                if c.is_vmm() {
-                    "VMM (cuMemCreate + fd)"
-                } else {
-                    "legacy CUDA IPC"
+                match c.backing() {
+                    Backing::Vmm => "VMM (cuMemCreate + fd)",
+                    Backing::HostMapped => "host-mapped (memfd registered with every device)",
+                    _ => "legacy CUDA IPC",
                 },
                 c.segment_bytes() >> 20
             ),
