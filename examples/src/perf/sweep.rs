@@ -3,14 +3,15 @@
 //! Every rank runs [`run_rank`] with its own communicator. Per size and placement (out of
 //! place, then in place, as nccl-tests does) it fills its input, runs the warm-up calls,
 //! meets the others at a barrier, then times each call on its own clock and keeps the
-//! median. A checked call follows on fresh data with poisoned outputs. The ranks then exchange (median, #wrong, fingerprint) through the bootstrap,
-//! not through the communicator under test (a GPU backend may not take host memory),
+//! median. A checked call follows on fresh data with poisoned outputs. The ranks then
+//! exchange (median, #wrong, fingerprint) through the bootstrap, not through the
+//! communicator under test (a GPU backend may not take host memory),
 //! so every rank ends with the same [`Row`]: time is the slowest rank's median, #wrong
 //! the sum over ranks, and the fingerprints must all agree.
 //!
 //! In graph mode (`--graph`, device backends) the timed calls of a size and placement are
 //! captured into one CUDA graph after the warm-up, and its replays are timed instead
-//! ([`graph`]); `--tune` measures each backend in both modes, one table each.
+//! (`sweep/graph.rs`); `--tune` measures each backend in both modes, one table each.
 //!
 //! [`run_in_process`] starts the ranks as threads; under a launcher the binary calls
 //! [`run_rank`] once per process.
