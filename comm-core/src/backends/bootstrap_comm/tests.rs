@@ -1,14 +1,14 @@
 //! `BootstrapComm` over threads and over the TCP store on loopback, against a reference.
 
-use std::net::TcpListener;
 use std::time::Duration;
 
 use half::{bf16, f16};
 
 use super::*;
-use crate::bootstrap::{EnvBootstrap, LaunchInfo, ThreadsBootstrap};
+use crate::bootstrap::{EnvBootstrap, ThreadsBootstrap};
 use crate::buffer::RawStream;
 use crate::communicator::CommunicatorExt;
+use crate::conformance::ranks;
 use crate::dtype::{DType, Element};
 
 /// Test values: small integers, exact in every dtype, so the reference is easy to state.
@@ -197,14 +197,7 @@ fn on_threads<T: Send + 'static>(
     timeout: Duration,
     body: impl Fn(BootstrapComm<ThreadsBootstrap>) -> T + Send + Sync + Clone + 'static,
 ) -> Vec<T> {
-    let handles: Vec<_> = ThreadsBootstrap::with_timeout(n, timeout)
-        .into_iter()
-        .map(|boot| {
-            let body = body.clone();
-            std::thread::spawn(move || body(BootstrapComm::new(boot)))
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
+    ranks::on_threads(n, timeout, move |boot| body(BootstrapComm::new(boot)))
 }
 
 /// Runs `body` on every rank of a TCP-store group of `n` on loopback.
@@ -213,30 +206,7 @@ fn on_tcp<T: Send + 'static>(
     timeout: Duration,
     body: impl Fn(BootstrapComm<EnvBootstrap>) -> T + Send + Sync + Clone + 'static,
 ) -> Vec<T> {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut listener = Some(listener);
-    let handles: Vec<_> = (0..n)
-        .map(|rank| {
-            let body = body.clone();
-            let listener = if rank == 0 { listener.take() } else { None };
-            std::thread::spawn(move || {
-                let info = LaunchInfo {
-                    rank,
-                    world_size: n,
-                    local_rank: rank,
-                    local_world_size: n,
-                    launcher: "test",
-                };
-                let boot = match listener {
-                    Some(l) => EnvBootstrap::with_listener(l, info, timeout),
-                    None => EnvBootstrap::connect(info, addr, timeout),
-                };
-                body(BootstrapComm::new(boot.unwrap()))
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
+    ranks::on_loopback(n, timeout, move |boot| body(BootstrapComm::new(boot)))
 }
 
 const LONG: Duration = Duration::from_secs(60);
