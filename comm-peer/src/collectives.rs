@@ -22,9 +22,15 @@ struct Plan {
 }
 
 impl Plan {
-    fn bytes(&self) -> Vec<u8> {
+    /// Algorithm, zero-copy flag and input offset: what the ranks compare besides the call
+    /// (no allocation: this runs on every call).
+    fn bytes(&self) -> [u8; 10] {
         let (zc, off) = self.zero_copy.map_or((0u8, 0u64), |(_, off)| (1, off));
-        [&[self.algorithm as u8, zc][..], &off.to_le_bytes()].concat()
+        let mut out = [0u8; 10];
+        out[0] = self.algorithm as u8;
+        out[1] = zc;
+        out[2..].copy_from_slice(&off.to_le_bytes());
+        out
     }
 }
 

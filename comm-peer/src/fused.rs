@@ -84,9 +84,10 @@ impl PeerComm {
         } else {
             Algorithm::OneshotPull
         };
-        let mut plan = vec![algorithm as u8, 0];
-        plan.extend_from_slice(&(hidden as u32).to_le_bytes());
-        plan.extend_from_slice(&eps.to_bits().to_le_bytes());
+        let mut plan = [0u8; 10];
+        plan[0] = algorithm as u8;
+        plan[2..6].copy_from_slice(&(hidden as u32).to_le_bytes());
+        plan[6..].copy_from_slice(&eps.to_bits().to_le_bytes());
         let agreed = self.agree(mine, &plan, &locations)?;
         let rows = input.len() / hidden.max(1);
         if rows == 0 {
