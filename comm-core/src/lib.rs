@@ -31,6 +31,7 @@ pub mod conformance;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod dtype;
+pub mod env;
 pub mod error;
 mod exchange;
 #[cfg(feature = "mpi")]

@@ -7,6 +7,7 @@ use comm_core::call::settle_through;
 use comm_core::cuda::cudarc::driver::{CudaContext, CudaStream};
 use comm_core::cuda::stream::wait_stream;
 use comm_core::cuda::{DeviceBuffer, driver_error, probe, raw_stream};
+use comm_core::env::Env;
 use comm_core::{
     Bootstrap, BufferMut, BufferRef, CallDescriptor, Capabilities, Communicator, DType, Error,
     MemoryLocation, RawStream, ReduceOp, Result, TrafficPattern,
@@ -374,17 +375,7 @@ impl Communicator for NcclComm {
     }
 }
 
-/// `COMM_NCCL_VALIDATE` (`1`/`0`, `true`/`false`, `yes`/`no`, `on`/`off`; on when unset).
+/// `COMM_NCCL_VALIDATE` (a switch, see [`Env::switch`]; on when unset).
 fn validate_from_env() -> Result<bool> {
-    const VAR: &str = "COMM_NCCL_VALIDATE";
-    match std::env::var(VAR) {
-        Err(_) => Ok(true),
-        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "1" | "true" | "yes" | "on" => Ok(true),
-            "0" | "false" | "no" | "off" => Ok(false),
-            _ => Err(Error::InvalidArgument(format!(
-                "{VAR}={v}: expected 1/0, true/false, yes/no or on/off"
-            ))),
-        },
-    }
+    Ok(Env("COMM_NCCL").switch("VALIDATE")?.unwrap_or(true))
 }
