@@ -110,7 +110,7 @@ impl PeerComm {
                 ..self.io_args(&agreed, send_addr + at, recv_addr + at, count as u64)
             };
             self.group.launch(
-                &kernel,
+                kernel,
                 self.grid(all_reduce_work(plan.algorithm, call.dtype, count, world)),
                 stream,
                 &args,
@@ -199,7 +199,7 @@ impl PeerComm {
             let count = part.bytes / size;
             let args = self.io_args(&agreed, input, recv + at, count as u64);
             let grid = self.grid(count.div_ceil(16 / size));
-            self.group.launch(&kernel, grid, stream, &args)?;
+            self.group.launch(kernel, grid, stream, &args)?;
         }
         Ok(())
     }

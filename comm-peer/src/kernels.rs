@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result, sys};
 use comm_core::cuda::stream::cu_stream;
@@ -70,19 +70,55 @@ pub(crate) struct PeerArgs {
     pub call: CallWords,
 }
 
-/// The name of an all-reduce kernel: `peer_<algorithm>_<dtype>_<op>`.
-pub(crate) fn all_reduce_kernel(algorithm: Algorithm, dtype: DType, op: ReduceOp) -> String {
-    format!(
-        "peer_{}_{}_{}",
-        algorithm.kernel_stem(),
-        dtype.name(),
-        op.name()
-    )
+/// The name of an all-reduce kernel: `peer_<algorithm>_<dtype>_<op>` (made once: this runs
+/// on every call).
+pub(crate) fn all_reduce_kernel(algorithm: Algorithm, dtype: DType, op: ReduceOp) -> &'static str {
+    static NAMES: OnceLock<HashMap<(Algorithm, DType, ReduceOp), String>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        every_reducing_kernel()
+            .filter_map(|(algorithm, dtype, op)| {
+                Some(((algorithm?, dtype, op), name(algorithm, dtype, op)))
+            })
+            .collect()
+    });
+    names
+        .get(&(algorithm, dtype, op))
+        .map_or(UNKNOWN, String::as_str)
 }
 
-/// The name of a reduce-scatter kernel: `peer_reduce_scatter_<dtype>_<op>`.
-pub(crate) fn reduce_scatter_kernel(dtype: DType, op: ReduceOp) -> String {
-    format!("peer_reduce_scatter_{}_{}", dtype.name(), op.name())
+/// The name of a reduce-scatter kernel: `peer_reduce_scatter_<dtype>_<op>` (made once).
+pub(crate) fn reduce_scatter_kernel(dtype: DType, op: ReduceOp) -> &'static str {
+    static NAMES: OnceLock<HashMap<(DType, ReduceOp), String>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        every_reducing_kernel()
+            .filter(|(algorithm, _, _)| algorithm.is_none())
+            .map(|(_, dtype, op)| ((dtype, op), name(None, dtype, op)))
+            .collect()
+    });
+    names.get(&(dtype, op)).map_or(UNKNOWN, String::as_str)
+}
+
+/// What a launch of a dtype or op the kernels lack looks up (and does not find).
+const UNKNOWN: &str = "peer_no_such_kernel";
+
+/// Every reducing kernel: an all-reduce per algorithm (`Some`) and a reduce-scatter
+/// (`None`) per dtype and op.
+fn every_reducing_kernel() -> impl Iterator<Item = (Option<Algorithm>, DType, ReduceOp)> {
+    DTYPES.into_iter().flat_map(|dtype| {
+        OPS.into_iter().flat_map(move |op| {
+            Algorithm::ALL
+                .map(Some)
+                .into_iter()
+                .chain([None])
+                .map(move |algorithm| (algorithm, dtype, op))
+        })
+    })
+}
+
+/// `peer_<algorithm>_<dtype>_<op>`, or `peer_reduce_scatter_<dtype>_<op>` for `None`.
+fn name(algorithm: Option<Algorithm>, dtype: DType, op: ReduceOp) -> String {
+    let stem = algorithm.map_or("reduce_scatter", Algorithm::kernel_stem);
+    format!("peer_{stem}_{}_{}", dtype.name(), op.name())
 }
 
 /// Blocks for one launch over `work` items (one per thread), at most `max_blocks`. Every
@@ -120,14 +156,7 @@ fn every_kernel_name() -> Vec<String> {
     ]
     .map(String::from)
     .to_vec();
-    for dtype in DTYPES {
-        for op in OPS {
-            for algorithm in Algorithm::ALL {
-                names.push(all_reduce_kernel(algorithm, dtype, op));
-            }
-            names.push(reduce_scatter_kernel(dtype, op));
-        }
-    }
+    names.extend(every_reducing_kernel().map(|(algorithm, dtype, op)| name(algorithm, dtype, op)));
     names
 }
 
@@ -265,6 +294,32 @@ mod tests {
         {
             assert!(COLLECTIVES.source.contains(&format!("{n}(")), "{n}");
         }
+    }
+
+    #[test]
+    fn per_call_names_are_the_loaded_ones() {
+        let loaded = every_kernel_name();
+        assert_eq!(
+            all_reduce_kernel(Algorithm::OneshotPush, DType::BF16, ReduceOp::Sum),
+            "peer_oneshot_push_bf16_sum"
+        );
+        assert_eq!(
+            reduce_scatter_kernel(DType::F32, ReduceOp::Max),
+            "peer_reduce_scatter_f32_max"
+        );
+        for dtype in DTYPES {
+            for op in OPS {
+                for a in Algorithm::ALL {
+                    let n = all_reduce_kernel(a, dtype, op);
+                    assert!(loaded.iter().any(|l| l == n), "{n}");
+                }
+                let n = reduce_scatter_kernel(dtype, op);
+                assert!(loaded.iter().any(|l| l == n), "{n}");
+            }
+        }
+        // A dtype the kernels lack names nothing that is loaded.
+        let missing = all_reduce_kernel(Algorithm::OneshotPull, DType::I32, ReduceOp::Sum);
+        assert!(!loaded.iter().any(|l| l == missing));
     }
 
     #[test]
