@@ -283,6 +283,9 @@ pub fn run(layer: Layer<'_>, ctl: &dyn Bootstrap, cfg: &Config) -> Result<Timing
             }
             Ok(())
         };
+    // Every rank has loaded its kernels and allocated before any collective starts: a rank
+    // doing either while a peer's kernel spins for it on a shared device would wait for it.
+    ctl.barrier()?;
     // One eager step first: backends set up lazily, which a capture cannot hold.
     step(&mut res, &mut out, &mut reduced)?;
     memory.synchronize()?;

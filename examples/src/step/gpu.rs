@@ -129,6 +129,9 @@ pub fn run(comm: &dyn Communicator, ctl: &dyn Bootstrap, cfg: &Config) -> Result
         Ok(())
     };
     x.write(&init)?;
+    // Every rank has loaded its kernel and allocated before any collective starts: a rank
+    // doing either while a peer's kernel spins for it on a shared device would wait for it.
+    ctl.barrier()?;
     step(&mut x, &mut y)?;
     memory.synchronize()?;
     ctl.barrier()?;

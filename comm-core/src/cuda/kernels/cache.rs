@@ -120,10 +120,16 @@ impl KernelCache {
             return Ok(module.clone());
         }
         let image = self.image(source, &arch)?;
+        // Loaded under the lock, so that a context loads a module once: loading may wait
+        // for the whole context, and ranks of one process share their device's context.
+        let mut modules = lock(&self.modules)?;
+        if let Some(module) = modules.get(&key) {
+            return Ok(module.clone());
+        }
         let module = ctx
             .load_module(Ptx::from_binary(image.bytes().to_vec()))
             .map_err(driver_error)?;
-        lock(&self.modules)?.insert(key, module.clone());
+        modules.insert(key, module.clone());
         Ok(module)
     }
 
