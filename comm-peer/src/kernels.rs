@@ -266,11 +266,67 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::CALL_WORDS;
+
+    /// The fields of `struct NAME { ... }` in `src` (C or Rust), in order, with their
+    /// sizes in bytes: pointers and 64-bit integers 8, 32-bit ones 4, arrays of them times
+    /// their length (`[u32; CALL_WORDS + 1]`, `uint32_t x[PEER_CALL_WORDS + 1]`).
+    fn fields(src: &str, head: &str) -> Vec<(String, usize)> {
+        let body = &src[src.find(head).expect(head) + head.len()..];
+        let body = &body[..body.find("\n}").expect("end of struct")];
+        let words = CALL_WORDS + 1;
+        let mut out = Vec::new();
+        for line in body.lines() {
+            let code = line.split("//").next().unwrap().trim();
+            if code.is_empty() || code.starts_with('#') {
+                continue;
+            }
+            if let Some(rust) = code.strip_prefix("pub ") {
+                let (name, ty) = rust.trim_end_matches(',').split_once(": ").unwrap();
+                let bytes = match ty {
+                    "u64" => 8,
+                    "u32" | "f32" => 4,
+                    "CallWords" => 4 * words,
+                    other => panic!("field {name}: type {other}"),
+                };
+                out.push((name.to_string(), bytes));
+                continue;
+            }
+            let decl = code.trim_end_matches(';');
+            let (decl, n) = match decl.split_once('[') {
+                Some((d, _)) => (d, words),
+                None => (decl, 1),
+            };
+            // `uint64_t a, b, c`: the type, then names separated by commas.
+            let first = decl.find(',').unwrap_or(decl.len());
+            let (ty, name) = decl[..first].trim().rsplit_once(' ').unwrap();
+            let size = if ty.contains('*') || ty.ends_with("uint64_t") {
+                8
+            } else if ty.ends_with("uint32_t") || ty == "float" {
+                4
+            } else {
+                panic!("field {name}: type {ty}")
+            };
+            let names = std::iter::once(name).chain(decl[first..].split(',').skip(1));
+            for name in names {
+                let name = name.trim().trim_start_matches('*');
+                out.push((name.to_string(), size * n));
+            }
+        }
+        out
+    }
 
     #[test]
-    fn args_match_the_kernel_struct() {
-        // 19 u64 (7 of them pointers), one f32, 7 u32, 8 call words: no padding.
-        assert_eq!(std::mem::size_of::<PeerArgs>(), 19 * 8 + 8 * 4 + 8 * 4);
+    fn args_match_the_kernel_struct_field_for_field() {
+        let kernel = fields(
+            include_str!("../kernels/peer_sync.cuh"),
+            "struct PeerArgs {",
+        );
+        let rust = fields(include_str!("kernels.rs"), "pub(crate) struct PeerArgs {");
+        assert_eq!(kernel, rust);
+        // No padding: the kernel reads the bytes the host writes.
+        let bytes: usize = rust.iter().map(|f| f.1).sum();
+        assert_eq!(std::mem::size_of::<PeerArgs>(), bytes);
         assert_eq!(std::mem::align_of::<PeerArgs>(), 8);
     }
 
