@@ -57,6 +57,42 @@ pub struct BufferMut<'a> {
     _borrow: PhantomData<&'a mut [u8]>,
 }
 
+/// The accessors both views share (they differ only in what they let one do with the
+/// memory).
+macro_rules! view_accessors {
+    () => {
+        /// Element type.
+        pub fn dtype(&self) -> DType {
+            self.dtype
+        }
+
+        /// Number of elements.
+        pub fn len(&self) -> usize {
+            self.len
+        }
+
+        /// True when the view holds no element.
+        pub fn is_empty(&self) -> bool {
+            self.len == 0
+        }
+
+        /// Size in bytes.
+        pub fn bytes(&self) -> usize {
+            self.len * self.dtype.size()
+        }
+
+        /// Where the memory lives.
+        pub fn location(&self) -> MemoryLocation {
+            self.location
+        }
+
+        /// Address of the first element (host or device address, see [`Self::location`]).
+        pub fn addr(&self) -> usize {
+            self.addr
+        }
+    };
+}
+
 impl<'a> BufferRef<'a> {
     /// Views a host slice.
     pub fn host<T: Element>(data: &'a [T]) -> Self {
@@ -104,35 +140,7 @@ impl<'a> BufferRef<'a> {
         }
     }
 
-    /// Element type.
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when the view holds no element.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Size in bytes.
-    pub fn bytes(&self) -> usize {
-        self.len * self.dtype.size()
-    }
-
-    /// Where the memory lives.
-    pub fn location(&self) -> MemoryLocation {
-        self.location
-    }
-
-    /// Address of the first element (host or device address, see [`Self::location`]).
-    pub fn addr(&self) -> usize {
-        self.addr
-    }
+    view_accessors!();
 
     /// The bytes of a host view; `None` for device memory.
     pub fn host_bytes(&self) -> Option<&'a [u8]> {
@@ -213,35 +221,7 @@ impl<'a> BufferMut<'a> {
         }
     }
 
-    /// Element type.
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when the view holds no element.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Size in bytes.
-    pub fn bytes(&self) -> usize {
-        self.len * self.dtype.size()
-    }
-
-    /// Where the memory lives.
-    pub fn location(&self) -> MemoryLocation {
-        self.location
-    }
-
-    /// Address of the first element (host or device address, see [`Self::location`]).
-    pub fn addr(&self) -> usize {
-        self.addr
-    }
+    view_accessors!();
 
     /// A shorter-lived copy of this view, so that it can be passed on and used again.
     pub fn reborrow(&mut self) -> BufferMut<'_> {
