@@ -87,12 +87,17 @@ impl PeerGroup {
         source: Box<dyn PeerSource>,
         timeout: Duration,
     ) -> Self {
+        let kernels = if source.sharing() > 1 {
+            ready.kernels.without_overlap()
+        } else {
+            ready.kernels
+        };
         PeerGroup {
             ctx: ready.ctx,
             rank,
             world,
             source,
-            kernels: ready.kernels,
+            kernels,
             status: ready.status,
             timeout,
             dead: RefCell::new(None),

@@ -193,6 +193,14 @@ impl Kernels {
         })
     }
 
+    /// The same kernels launched one after another only: for ranks that share a device,
+    /// where a kernel started early (and resident while it waits for the previous one)
+    /// could hold the room a peer's running kernel needs, which waits for this rank's.
+    pub(crate) fn without_overlap(mut self) -> Self {
+        self.overlap = false;
+        self
+    }
+
     fn function(&self, name: &str) -> Result<&CudaFunction> {
         self.functions.get(name).ok_or_else(|| Error::Backend {
             backend: "cuda",
