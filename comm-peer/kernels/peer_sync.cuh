@@ -9,12 +9,15 @@
 //   [0, 8 KiB)          PeerPad.flags: per-block barrier flags that PEERS store into (two sets)
 //   [8 KiB, +128)       PeerPad.chan: signal slots of the user channels, [channel][sender]
 //   [8 KiB + 128, +512) PeerPad.calls: every rank's call descriptor, [call parity][sender]
-//   [12 KiB, 16 KiB)    PeerState: this rank's own bookkeeping (never written by peers)
 //   off_data            2 x cap: staged inputs, by call parity
 //   off_tmp             cap: two-shot pull's reduced slice
 //   off_push            3 x world x lcap: one-shot Lamport mailboxes [buffer][sender]
 //   off_recv            3 x world x slice_cap: two-shot push slice mailboxes [buffer][sender]
 //   off_result          3 x lcap: two-shot push result mailboxes [buffer]
+//
+// PeerState, this rank's own bookkeeping (never touched by peers), lives in its device's
+// memory beside the region (PeerArgs.state): every kernel reads and updates it, which would
+// cost a PCIe round trip each time where the regions are host memory.
 //
 // Why it is built this way:
 // - Graph replay: nothing that changes from call to call is a kernel argument. The call
@@ -54,7 +57,6 @@
 #define PEER_MAX_BLOCKS 128
 #define PEER_MAX_THREADS 512
 #define PEER_CHANNELS 4
-#define PEER_STATE_OFFSET 12288
 
 // status[0] codes (comm_peer::status mirrors them).
 #define PEER_OK 0
@@ -107,6 +109,7 @@ struct PeerArgs {
     const PeerTable* regions; // every rank's region, as mapped in this process
     const PeerTable* inputs;  // zero-copy: every rank's registered input buffer; else null
     uint32_t* status;         // host-mapped: [code, rank, phase, peer, mine[7], theirs[7]]
+    PeerState* state;         // this rank's bookkeeping, in its device's memory
     uint64_t in_off;          // zero-copy: byte offset of the input in its registered buffer
     uint64_t count;           // elements (all-reduce, fused: rows * hidden); bytes for gather/bcast
     uint64_t cap;             // bytes of one staging half (a multiple of 16)
@@ -480,7 +483,7 @@ __device__ __forceinline__ void peer_let_next_start() {
     __shared__ const char* s_input[PEER_MAX_RANKS];                                                  \
     __shared__ uint32_t s_seq;                                                                       \
     __shared__ int s_dead;                                                                           \
-    PeerState* s_state = reinterpret_cast<PeerState*>(a.regions->ptr[a.rank] + PEER_STATE_OFFSET);   \
+    PeerState* s_state = a.state;                                                                    \
     if (threadIdx.x < PEER_MAX_RANKS) {                                                              \
         const int p_ = threadIdx.x;                                                                  \
         s_region[p_] = p_ < (int)a.world ? a.regions->ptr[p_] : nullptr;                             \

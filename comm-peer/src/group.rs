@@ -13,7 +13,7 @@ use comm_core::cuda::{DeviceBuffer, driver_error, probe};
 use comm_core::{Error, RawStream, Result};
 
 use crate::kernels::{Kernels, PeerArgs};
-use crate::layout::{CHANNELS, HEADER_BYTES, MAX_RANKS};
+use crate::layout::{CHANNELS, HEADER_BYTES, MAX_RANKS, STATE_BYTES};
 use crate::source::PeerSource;
 use crate::status::Status;
 
@@ -29,6 +29,7 @@ pub struct Ready {
     ctx: Arc<CudaContext>,
     kernels: Kernels,
     status: Status,
+    state: DeviceBuffer,
 }
 
 impl Ready {
@@ -44,6 +45,7 @@ impl Ready {
             ctx: ctx.clone(),
             kernels: Kernels::load(ctx)?,
             status: Status::new(ctx)?,
+            state: zeroed_state(ctx)?,
         })
     }
 
@@ -61,6 +63,7 @@ pub struct PeerGroup {
     source: Box<dyn PeerSource>,
     kernels: Kernels,
     status: Status,
+    state: DeviceBuffer,
     timeout: Duration,
     dead: RefCell<Option<String>>,
 }
@@ -99,6 +102,7 @@ impl PeerGroup {
             source,
             kernels,
             status: ready.status,
+            state: ready.state,
             timeout,
             dead: RefCell::new(None),
         }
@@ -198,6 +202,7 @@ impl PeerGroup {
         PeerArgs {
             regions: self.source.table(),
             status: self.status.device_ptr(),
+            state: self.state.device_ptr(),
             timeout_ns: self.timeout.as_nanos().min(u128::from(u64::MAX)) as u64,
             rank: self.rank as u32,
             world: self.world as u32,
@@ -286,6 +291,21 @@ impl PeerGroup {
     }
 }
 
+/// This rank's `PeerState` (the kernels' call counter and bookkeeping), zeroed, in its
+/// device's memory even where the regions are host memory; from the stream-ordered pool,
+/// so that allocating it never waits behind a kernel spinning on this device.
+fn zeroed_state(ctx: &Arc<CudaContext>) -> Result<DeviceBuffer> {
+    use comm_core::cuda::cudarc::driver::result;
+    let stream = ctx.new_stream().map_err(driver_error)?;
+    let state = DeviceBuffer::alloc_on(&stream, STATE_BYTES)?;
+    // SAFETY: the range is the allocation just made; the stream orders the fill after it
+    // and is synchronised before the memory is used.
+    unsafe { result::memset_d8_async(state.device_ptr(), 0, STATE_BYTES, stream.cu_stream()) }
+        .map_err(driver_error)?;
+    stream.synchronize().map_err(driver_error)?;
+    Ok(state)
+}
+
 /// Whether the kernels' flags may use `.gpu` scope: only when every rank drives the same
 /// device (`sharing == world`) and the regions are that device's memory. Host memory mapped
 /// into the device needs `.sys` scope whoever shares the device.
@@ -293,7 +313,7 @@ fn gpu_scope(sharing: usize, world: usize, host_memory: bool) -> bool {
     sharing == world && !host_memory
 }
 
-/// Zeroes the header (flags, counters) of the region at `base` and fills `sentinel` (a
+/// Zeroes the header (flags, signal and call slots) of the region at `base` and fills `sentinel` (a
 /// range of region offsets) with the Lamport sentinel; returns once done, before any peer
 /// can see the region.
 pub fn init_region(

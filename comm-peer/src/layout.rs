@@ -1,7 +1,7 @@
 //! Where everything lives inside one rank's region; mirrors the top of
 //! `kernels/peer_sync.cuh` (keep the two in step).
 //!
-//! A header (barrier flags and signal slots that peers write, then this rank's own state),
+//! A header (barrier flags, signal slots and call slots that peers write),
 //! the staged inputs (two, by call parity), the two-shot pull's reduced slice, and the
 //! Lamport mailboxes (three rotating buffers each). Every area starts on a 256-byte
 //! boundary, so every 16-byte vector access is aligned.
@@ -21,12 +21,11 @@ pub const CALL_WORDS: usize = 7;
 pub const PAD_BYTES: usize =
     (2 * MAX_BLOCKS as usize * MAX_RANKS + CHANNELS * MAX_RANKS + 2 * MAX_RANKS * (CALL_WORDS + 1))
         * 4;
-/// Offset of this rank's own state (`PeerState`).
-pub const STATE_OFFSET: usize = 12 << 10;
-/// Bytes of `PeerState`: 4 u32, 3 x 3 u64, 2 x CHANNELS x MAX_RANKS u32.
+/// Bytes of `PeerState`, this rank's own bookkeeping (4 u32, 3 x 3 u64, 2 x CHANNELS x
+/// MAX_RANKS u32), kept in device memory beside the region, not in it.
 pub const STATE_BYTES: usize = 16 + 72 + 2 * CHANNELS * MAX_RANKS * 4;
-/// Bytes before the first data area.
-pub const HEADER_BYTES: usize = 16 << 10;
+/// Bytes before the first data area (the pad, rounded up).
+pub const HEADER_BYTES: usize = 12 << 10;
 /// Lamport buffers that rotate.
 pub const LAMPORT_BUFFERS: usize = 3;
 
@@ -133,9 +132,9 @@ mod tests {
     }
 
     #[test]
-    fn header_holds_pad_and_state() {
-        const { assert!(PAD_BYTES <= STATE_OFFSET) };
-        const { assert!(STATE_OFFSET + STATE_BYTES <= HEADER_BYTES) };
+    fn header_holds_the_pad() {
+        const { assert!(PAD_BYTES <= HEADER_BYTES) };
+        const { assert!(HEADER_BYTES % ALIGN == 0) };
     }
 
     #[test]
@@ -146,7 +145,6 @@ mod tests {
             ("PEER_MAX_BLOCKS", MAX_BLOCKS as usize),
             ("PEER_MAX_THREADS", MAX_THREADS as usize),
             ("PEER_CHANNELS", CHANNELS),
-            ("PEER_STATE_OFFSET", STATE_OFFSET),
             ("PEER_CALL_WORDS", CALL_WORDS),
         ] {
             assert!(h.contains(&format!("#define {name} {v}\n")), "{name} {v}");
