@@ -180,6 +180,7 @@ __device__ __forceinline__ uint64_t peer_now() {
 struct PeerCtx {
     char* const* region;       // shared: region[p]
     const char* const* input;  // shared: zero-copy input of rank p (offset applied), or null
+    const uint64_t* used;      // shared: PeerState.used as the kernel started, [kind * 3 + buffer]
     PeerState* state;
     volatile int* dead;        // shared: set once this block gave up
     uint32_t seq;
@@ -476,11 +477,13 @@ __device__ __forceinline__ void peer_let_next_start() {
 // Prologue and epilogue of every kernel.
 
 // Loads the tables into shared memory (written at join, so before the wait for the previous
-// kernel) and the call number (after it); returns at once when a previous launch gave up
-// (the communicator is then unusable).
+// kernel) and, after it, the call number, the abort flag and the Lamport bookkeeping the
+// epilogue needs (one thread, loads issued together: one memory round trip, not one per
+// use); returns at once when a previous launch gave up (the communicator is then unusable).
 #define PEER_PROLOGUE(a, c)                                                                          \
     __shared__ char* s_region[PEER_MAX_RANKS];                                                       \
     __shared__ const char* s_input[PEER_MAX_RANKS];                                                  \
+    __shared__ uint64_t s_used[9];                                                                   \
     __shared__ uint32_t s_seq;                                                                       \
     __shared__ int s_dead;                                                                           \
     PeerState* s_state = a.state;                                                                    \
@@ -492,11 +495,17 @@ __device__ __forceinline__ void peer_let_next_start() {
     peer_wait_previous();                                                                            \
     peer_let_next_start();                                                                           \
     if (threadIdx.x == 0) {                                                                          \
-        s_seq = *(volatile uint32_t*)&s_state->seq;                                                  \
-        s_dead = *(volatile uint32_t*)&s_state->abort ? 1 : 0;                                       \
+        const uint32_t seq_ = *(volatile uint32_t*)&s_state->seq;                                    \
+        const uint32_t abort_ = *(volatile uint32_t*)&s_state->abort;                                \
+        uint64_t used_[9];                                                                           \
+        _Pragma("unroll") for (int k_ = 0; k_ < 9; ++k_)                                             \
+            used_[k_] = *(volatile uint64_t*)&s_state->used[k_ / 3][k_ % 3];                         \
+        s_seq = seq_;                                                                                \
+        s_dead = abort_ ? 1 : 0;                                                                     \
+        _Pragma("unroll") for (int k_ = 0; k_ < 9; ++k_) s_used[k_] = used_[k_];                     \
     }                                                                                                \
     __syncthreads();                                                                                 \
-    PeerCtx c{s_region, s_input, s_state, &s_dead, s_seq};                                           \
+    PeerCtx c{s_region, s_input, s_used, s_state, &s_dead, s_seq};                                  \
     if (*c.dead) return;
 
 // Resets (to the sentinel) the mailboxes of buffer (seq+2)%3 as far as the call that used
@@ -511,9 +520,9 @@ __device__ void peer_epilogue(const PeerArgs& a, const PeerCtx& c, uint64_t ones
     const uint32_t old = (c.seq + 2u) % 3u, cur = c.seq % 3u;
     char* base = c.region[a.rank];
     const uint4 ones = make_uint4(0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu);
-    const uint64_t used_one = c.state->used[PEER_MB_ONESHOT][old] / 16;
-    const uint64_t used_recv = c.state->used[PEER_MB_RECV][old] / 16;
-    const uint64_t used_res = c.state->used[PEER_MB_RESULT][old] / 16;
+    const uint64_t used_one = c.used[PEER_MB_ONESHOT * 3 + old] / 16;
+    const uint64_t used_recv = c.used[PEER_MB_RECV * 3 + old] / 16;
+    const uint64_t used_res = c.used[PEER_MB_RESULT * 3 + old] / 16;
     for (uint32_t p = 0; p < a.world; ++p) {
         uint4* one = reinterpret_cast<uint4*>(base + a.off_push + ((uint64_t)old * a.world + p) * a.lcap);
         for (uint64_t v = peer_tid(); v < used_one; v += peer_stride()) one[v] = ones;
