@@ -8,7 +8,7 @@
 //
 //   [0, 8 KiB)          PeerPad.flags: per-block barrier flags that PEERS store into (two sets)
 //   [8 KiB, +128)       PeerPad.chan: signal slots of the user channels, [channel][sender]
-//   [8 KiB + 128, +512) PeerPad.calls: every rank's call descriptor, [call parity][sender]
+//   [8 KiB + 128, +1 KiB) PeerPad.calls: every rank's call descriptor, [call parity][sender]
 //   off_data            2 x cap: staged inputs, by call parity
 //   off_tmp             cap: two-shot pull's reduced slice
 //   off_push            3 x world x lcap: one-shot Lamport mailboxes [buffer][sender]
@@ -74,10 +74,12 @@
 #define PEER_MB_RECV 1
 #define PEER_MB_RESULT 2
 
-// One rank's call as a peer sees it; `tag` (call number + 1) is stored last, with release.
+// One rank's call as a peer sees it: every word carries the call's tag (call number + 1) in
+// its upper half, so that a reader knows from the words alone that all of them are this
+// call's: no release/acquire pair, and the whole call comes in one round of loads.
 struct PeerCall {
-    uint32_t w[PEER_CALL_WORDS];
-    uint32_t tag;
+    uint64_t w[PEER_CALL_WORDS];
+    uint64_t unused;
 };
 
 struct PeerPad {
@@ -276,9 +278,9 @@ __device__ __forceinline__ void peer_publish_call(const PeerArgs& a, const PeerC
     const uint32_t p = threadIdx.x;
     if (blockIdx.x != 0 || p >= a.world || p == a.rank) return;
     PeerCall* slot = &peer_pad(c, p)->calls[c.seq & 1u][a.rank];
+    const uint64_t tag = (uint64_t)(c.seq + 1u) << 32;
 #pragma unroll
-    for (int i = 0; i < PEER_CALL_WORDS; ++i) *(volatile uint32_t*)&slot->w[i] = a.call[i];
-    peer_st_release(&slot->tag, c.seq + 1u, a.gpu_scope != 0);
+    for (int i = 0; i < PEER_CALL_WORDS; ++i) *(volatile uint64_t*)&slot->w[i] = tag | a.call[i];
 }
 
 // Records that peer `peer` makes another call than this rank (the first failure wins).
@@ -300,31 +302,49 @@ __device__ void peer_fail_mismatch(const PeerArgs& a, const PeerCtx& c, uint32_t
     __threadfence_system();
 }
 
-// Compares peer p's call (its slot already holds this call's tag) with this rank's; false
-// (recorded) when they differ.
-__device__ bool peer_same_call(const PeerArgs& a, const PeerCtx& c, uint32_t p, const PeerCall* slot) {
+// Looks at peer p's call slot once (every word loaded before any is used). 0: not all of
+// this call's words are there yet; 1: they are, and the calls are the same; -1: they
+// differ (recorded).
+__device__ int peer_look_at_call(const PeerArgs& a, const PeerCtx& c, uint32_t p, const PeerCall* slot) {
+    const uint32_t tag = c.seq + 1u;
+    uint64_t w[PEER_CALL_WORDS];
+#pragma unroll
+    for (int i = 0; i < PEER_CALL_WORDS; ++i) w[i] = *(const volatile uint64_t*)&slot->w[i];
     uint32_t theirs[PEER_CALL_WORDS];
-    bool same = true;
+    bool arrived = true, same = true;
 #pragma unroll
     for (int i = 0; i < PEER_CALL_WORDS; ++i) {
-        theirs[i] = *(const volatile uint32_t*)&slot->w[i];
+        arrived &= (uint32_t)(w[i] >> 32) == tag;
+        theirs[i] = (uint32_t)w[i];
         same &= theirs[i] == a.call[i];
     }
-    if (!same) peer_fail_mismatch(a, c, p, theirs);
-    return same;
+    if (!arrived) return 0;
+    if (same) return 1;
+    peer_fail_mismatch(a, c, p, theirs);
+    return -1;
+}
+
+// Waits (bounded) until peer p's call is there and compares it with this rank's; false when
+// they differ (recorded) or the wait gave up.
+__device__ bool peer_await_call(const PeerArgs& a, const PeerCtx& c, uint32_t p, const PeerCall* slot) {
+    int seen = peer_look_at_call(a, c, p, slot);
+    if (seen != 0) return seen > 0;
+    const uint64_t start = peer_now();
+    uint32_t spins = 0;
+    while ((seen = peer_look_at_call(a, c, p, slot)) == 0) {
+        if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_CALL, 0, p)) return false;
+    }
+    return seen > 0;
 }
 
 // Every block, before it waits on a peer or writes output (push kernels, whose data travels
 // with the call): thread p compares peer p's call with this rank's. False when the block
 // must stop (a mismatch, a wait that gave up). Peers can be at most one call ahead (every
-// call waits for every rank), so the slot of this call's parity holds this call's tag or
-// the one of two calls before.
+// call waits for every rank), so the slot of this call's parity holds this call's words or
+// those of two calls before.
 __device__ bool peer_check_calls(const PeerArgs& a, const PeerCtx& c) {
     const uint32_t p = threadIdx.x;
-    if (p < a.world && p != a.rank && !*c.dead) {
-        const PeerCall* slot = &peer_pad(c, a.rank)->calls[c.seq & 1u][p];
-        if (peer_wait_value(a, c, &slot->tag, c.seq + 1u, PEER_TIMEOUT_CALL, 0, p)) peer_same_call(a, c, p, slot);
-    }
+    if (p < a.world && p != a.rank && !*c.dead) peer_await_call(a, c, p, &peer_pad(c, a.rank)->calls[c.seq & 1u][p]);
     __syncthreads();
     return !*c.dead;
 }
@@ -345,22 +365,16 @@ __device__ bool peer_agreeing_barrier(const PeerArgs& a, const PeerCtx& c) {
         if (p != a.rank) {
             const uint32_t* flag = &peer_pad(c, a.rank)->flags[0][blockIdx.x][p];
             const PeerCall* slot = &peer_pad(c, a.rank)->calls[c.seq & 1u][p];
-            const uint32_t tag = c.seq + 1u;
-            bool compared = false;
+            int seen = 0;
             if ((int32_t)(peer_ld_acquire(flag, gpu) - value) < 0) {
                 const uint64_t start = peer_now();
                 uint32_t spins = 0;
                 while ((int32_t)(peer_ld_acquire(flag, gpu) - value) < 0) {
-                    if ((spins & 255) == 255 && !compared && peer_ld_acquire(&slot->tag, gpu) == tag) {
-                        if (!peer_same_call(a, c, p, slot)) break;
-                        compared = true;
-                    }
+                    if ((spins & 255) == 255 && seen == 0 && (seen = peer_look_at_call(a, c, p, slot)) < 0) break;
                     if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_BARRIER, 0, p)) break;
                 }
             }
-            if (!*c.dead && !compared &&
-                peer_wait_value(a, c, &slot->tag, tag, PEER_TIMEOUT_CALL, 0, p))
-                peer_same_call(a, c, p, slot);
+            if (!*c.dead && seen == 0) peer_await_call(a, c, p, slot);
         }
     }
     __syncthreads();

@@ -17,10 +17,10 @@ pub const CHANNELS: usize = 4;
 /// Words of a call descriptor the kernels compare (`PeerCall`: the words and a tag).
 pub const CALL_WORDS: usize = 7;
 /// Bytes of the pad peers write: `flags[2][MAX_BLOCKS][MAX_RANKS]` +
-/// `chan[CHANNELS][MAX_RANKS]` + `calls[2][MAX_RANKS]` of `CALL_WORDS + 1` words.
-pub const PAD_BYTES: usize =
-    (2 * MAX_BLOCKS as usize * MAX_RANKS + CHANNELS * MAX_RANKS + 2 * MAX_RANKS * (CALL_WORDS + 1))
-        * 4;
+/// `chan[CHANNELS][MAX_RANKS]` (u32) + `calls[2][MAX_RANKS]` of `CALL_WORDS + 1` u64 (each
+/// word tagged with its call).
+pub const PAD_BYTES: usize = (2 * MAX_BLOCKS as usize * MAX_RANKS + CHANNELS * MAX_RANKS) * 4
+    + 2 * MAX_RANKS * (CALL_WORDS + 1) * 8;
 /// Bytes of `PeerState`, this rank's own bookkeeping (4 u32, 3 x 3 u64, 2 x CHANNELS x
 /// MAX_RANKS u32), kept in device memory beside the region, not in it.
 pub const STATE_BYTES: usize = 16 + 72 + 2 * CHANNELS * MAX_RANKS * 4;
