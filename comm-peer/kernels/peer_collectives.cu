@@ -91,15 +91,32 @@ template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, c
 }
 
 // oneshot-push (Lamport): write the input into this rank's slot of every peer's mailbox;
-// then wait for every peer's slot of this rank's mailbox and reduce. No barrier.
+// then wait for every peer's slot of this rank's mailbox and reduce. No barrier. The calls
+// are compared with the first vector's wait, not before it: thread p loads peer p's call,
+// then every thread its first vector of every peer, and only then looks at either, so that
+// the comparison costs no round trip of its own (a peer making another call is noticed by
+// the wait, which the data of such a peer may never end).
 template <int DT, int OP> __device__ void peer_oneshot_push(const PeerArgs& a, const PeerCtx& c, uint64_t nvec) {
     const bool aligned = a.aligned != 0;
     const uint64_t slot0 = a.off_push + (uint64_t)(c.seq % 3u) * a.world * a.lcap;
     for (uint64_t v = peer_tid(); v < nvec; v += peer_stride())
         peer_push(a, c, slot0, a.lcap, v, peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned)));
-    if (!peer_check_calls(a, c)) return;
     const char* inbox = c.region[a.rank] + slot0;
-    for (uint64_t v = peer_tid(); v < nvec; v += peer_stride()) {
+    const uint32_t p = threadIdx.x;
+    const bool checker = p < a.world && p != a.rank;
+    uint64_t call[PEER_CALL_WORDS];
+    if (checker) peer_load_call(peer_call_of(a, c, p), call);
+    const uint64_t v0 = peer_tid();
+    uint4 w0[PEER_MAX_RANKS];
+    if (v0 < nvec) {
+        const uint4 own = peer_sanitize<DT>(peer_load_user<DT>(a.input, v0, a.count, aligned));
+        peer_poll<DT>(a, c, inbox, a.lcap, a.rank, own, v0, w0, 0);
+    }
+    if (checker && !*c.dead && peer_judge_call(a, c, p, call) == 0) peer_await_call(a, c, p, peer_call_of(a, c, p));
+    __syncthreads();
+    if (*c.dead) return;
+    if (v0 < nvec) peer_store_user<DT>(a.output, v0, a.count, aligned, peer_reduce<DT, OP>(a, w0));
+    for (uint64_t v = v0 + peer_stride(); v < nvec; v += peer_stride()) {
         uint4 w[PEER_MAX_RANKS];
         const uint4 own = peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned));
         peer_poll<DT>(a, c, inbox, a.lcap, a.rank, own, v, w, 0);

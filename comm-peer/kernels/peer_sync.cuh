@@ -305,11 +305,14 @@ __device__ void peer_fail_mismatch(const PeerArgs& a, const PeerCtx& c, uint32_t
 // Looks at peer p's call slot once (every word loaded before any is used). 0: not all of
 // this call's words are there yet; 1: they are, and the calls are the same; -1: they
 // differ (recorded).
-__device__ int peer_look_at_call(const PeerArgs& a, const PeerCtx& c, uint32_t p, const PeerCall* slot) {
-    const uint32_t tag = c.seq + 1u;
-    uint64_t w[PEER_CALL_WORDS];
+__device__ __forceinline__ void peer_load_call(const PeerCall* slot, uint64_t* w) {
 #pragma unroll
     for (int i = 0; i < PEER_CALL_WORDS; ++i) w[i] = *(const volatile uint64_t*)&slot->w[i];
+}
+
+// peer_look_at_call's verdict on words already loaded.
+__device__ int peer_judge_call(const PeerArgs& a, const PeerCtx& c, uint32_t p, const uint64_t* w) {
+    const uint32_t tag = c.seq + 1u;
     uint32_t theirs[PEER_CALL_WORDS];
     bool arrived = true, same = true;
 #pragma unroll
@@ -322,6 +325,16 @@ __device__ int peer_look_at_call(const PeerArgs& a, const PeerCtx& c, uint32_t p
     if (same) return 1;
     peer_fail_mismatch(a, c, p, theirs);
     return -1;
+}
+
+__device__ int peer_look_at_call(const PeerArgs& a, const PeerCtx& c, uint32_t p, const PeerCall* slot) {
+    uint64_t w[PEER_CALL_WORDS];
+    peer_load_call(slot, w);
+    return peer_judge_call(a, c, p, w);
+}
+
+__device__ __forceinline__ const PeerCall* peer_call_of(const PeerArgs& a, const PeerCtx& c, uint32_t p) {
+    return &peer_pad(c, a.rank)->calls[c.seq & 1u][p];
 }
 
 // Waits (bounded) until peer p's call is there and compares it with this rank's; false when
@@ -344,7 +357,7 @@ __device__ bool peer_await_call(const PeerArgs& a, const PeerCtx& c, uint32_t p,
 // those of two calls before.
 __device__ bool peer_check_calls(const PeerArgs& a, const PeerCtx& c) {
     const uint32_t p = threadIdx.x;
-    if (p < a.world && p != a.rank && !*c.dead) peer_await_call(a, c, p, &peer_pad(c, a.rank)->calls[c.seq & 1u][p]);
+    if (p < a.world && p != a.rank && !*c.dead) peer_await_call(a, c, p, peer_call_of(a, c, p));
     __syncthreads();
     return !*c.dead;
 }
@@ -364,7 +377,7 @@ __device__ bool peer_agreeing_barrier(const PeerArgs& a, const PeerCtx& c) {
         peer_st_release(&peer_pad(c, p)->flags[0][blockIdx.x][a.rank], value, gpu);
         if (p != a.rank) {
             const uint32_t* flag = &peer_pad(c, a.rank)->flags[0][blockIdx.x][p];
-            const PeerCall* slot = &peer_pad(c, a.rank)->calls[c.seq & 1u][p];
+            const PeerCall* slot = peer_call_of(a, c, p);
             int seen = 0;
             if ((int32_t)(peer_ld_acquire(flag, gpu) - value) < 0) {
                 const uint64_t start = peer_now();
@@ -410,7 +423,11 @@ __device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, c
                 if (!peer_has_sentinel<DT>(w[p])) pending &= ~(1u << p);
             }
         }
-        if (pending && peer_give_up(a, c, start, spins, PEER_TIMEOUT_LAMPORT, phase, __ffs(pending) - 1)) return;
+        if (!pending) break;
+        // A peer that makes another call may never send this data: say so, not a timeout.
+        const uint32_t late = __ffs(pending) - 1;
+        if ((spins & 255) == 128 && peer_look_at_call(a, c, late, peer_call_of(a, c, late)) < 0) return;
+        if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_LAMPORT, phase, late)) return;
     }
 }
 
