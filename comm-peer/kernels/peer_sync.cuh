@@ -302,9 +302,7 @@ __device__ void peer_fail_mismatch(const PeerArgs& a, const PeerCtx& c, uint32_t
     __threadfence_system();
 }
 
-// Looks at peer p's call slot once (every word loaded before any is used). 0: not all of
-// this call's words are there yet; 1: they are, and the calls are the same; -1: they
-// differ (recorded).
+// Every word of a call slot, each load issued before any result is used.
 __device__ __forceinline__ void peer_load_call(const PeerCall* slot, uint64_t* w) {
 #pragma unroll
     for (int i = 0; i < PEER_CALL_WORDS; ++i) w[i] = *(const volatile uint64_t*)&slot->w[i];
@@ -327,6 +325,8 @@ __device__ int peer_judge_call(const PeerArgs& a, const PeerCtx& c, uint32_t p, 
     return -1;
 }
 
+// Looks at peer p's call slot once. 0: not all of this call's words are there yet; 1: they
+// are, and the calls are the same; -1: they differ (recorded).
 __device__ int peer_look_at_call(const PeerArgs& a, const PeerCtx& c, uint32_t p, const PeerCall* slot) {
     uint64_t w[PEER_CALL_WORDS];
     peer_load_call(slot, w);
