@@ -101,6 +101,7 @@ template <int DT, int OP> __device__ void peer_oneshot_push(const PeerArgs& a, c
     const uint64_t slot0 = a.off_push + (uint64_t)(c.seq % 3u) * a.world * a.lcap;
     for (uint64_t v = peer_tid(); v < nvec; v += peer_stride())
         peer_push(a, c, slot0, a.lcap, v, peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned)));
+    peer_reset_old_mailboxes(a, c);
     const char* inbox = c.region[a.rank] + slot0;
     const uint32_t p = threadIdx.x;
     const bool checker = p < a.world && p != a.rank;
@@ -140,6 +141,7 @@ template <int DT, int OP> __device__ void peer_twoshot_push(const PeerArgs& a, c
         for (uint64_t i = peer_tid(); i < S && s * S + i < nvec; i += peer_stride())
             peer_st_volatile(dst + i, peer_sanitize<DT>(peer_load_user<DT>(a.input, s * S + i, a.count, aligned)));
     }
+    peer_reset_old_mailboxes(a, c);
     if (!peer_check_calls(a, c)) return;
     const char* inbox = c.region[me] + recv0;
     for (uint64_t i = peer_tid(); i < S && me * S + i < nvec; i += peer_stride()) {
@@ -180,8 +182,9 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce(const PeerAr
     else if constexpr (ALGO == PEER_TWOSHOT_PULL) peer_twoshot_pull<DT, OP>(a, c, nvec);
     else if constexpr (ALGO == PEER_ONESHOT_PUSH) peer_oneshot_push<DT, OP>(a, c, nvec);
     else peer_twoshot_push<DT, OP>(a, c, nvec);
+    constexpr bool push = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_TWOSHOT_PUSH;
     peer_epilogue(a, c, ALGO == PEER_ONESHOT_PUSH ? nvec : 0, ALGO == PEER_TWOSHOT_PUSH ? S : 0,
-                  ALGO == PEER_TWOSHOT_PUSH ? nvec : 0);
+                  ALGO == PEER_TWOSHOT_PUSH ? nvec : 0, /*reset=*/!push);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -539,16 +539,13 @@ __device__ __forceinline__ void peer_let_next_start() {
     PeerCtx c{s_region, s_input, s_used, s_state, &s_dead, s_seq};                                  \
     if (*c.dead) return;
 
-// Resets (to the sentinel) the mailboxes of buffer (seq+2)%3 as far as the call that used
-// them wrote, records what this call wrote into buffer seq%3 (vectors per sender slot of
-// each kind), then advances the call counter once every block is done. The resets need no
-// fence: peers write into that buffer only two calls later, after kernel boundaries and
-// after seeing data this rank sends in the next call.
-__device__ void peer_epilogue(const PeerArgs& a, const PeerCtx& c, uint64_t oneshot_vecs, uint64_t recv_vecs,
-                              uint64_t result_vecs) {
-    __syncthreads();
-    if (*c.dead) return;
-    const uint32_t old = (c.seq + 2u) % 3u, cur = c.seq % 3u;
+// Resets (to the sentinel) this rank's mailboxes of buffer (seq+2)%3, the previous call's,
+// as far as that call wrote them. They need no fence: this rank has had every peer's data of
+// that call, and peers write into that buffer again only two calls later, after kernel
+// boundaries and after seeing data this rank sends in the next call. So a kernel may do it
+// at any point: push kernels do it while their data travels, the others in the epilogue.
+__device__ void peer_reset_old_mailboxes(const PeerArgs& a, const PeerCtx& c) {
+    const uint32_t old = (c.seq + 2u) % 3u;
     char* base = c.region[a.rank];
     const uint4 ones = make_uint4(0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu);
     const uint64_t used_one = c.used[PEER_MB_ONESHOT * 3 + old] / 16;
@@ -562,7 +559,20 @@ __device__ void peer_epilogue(const PeerArgs& a, const PeerCtx& c, uint64_t ones
     }
     uint4* res = reinterpret_cast<uint4*>(base + a.off_result + (uint64_t)old * a.lcap);
     for (uint64_t v = peer_tid(); v < used_res; v += peer_stride()) res[v] = ones;
+}
+
+// Resets the previous call's mailboxes unless the kernel did (`reset`), records what this
+// call wrote into buffer seq%3 (vectors per sender slot of each kind), then advances the
+// call counter once every block is done.
+__device__ void peer_epilogue(const PeerArgs& a, const PeerCtx& c, uint64_t oneshot_vecs, uint64_t recv_vecs,
+                              uint64_t result_vecs, bool reset = true) {
     __syncthreads();
+    if (*c.dead) return;
+    const uint32_t cur = c.seq % 3u;
+    if (reset) {
+        peer_reset_old_mailboxes(a, c);
+        __syncthreads();
+    }
     if (threadIdx.x == 0) {
         if (blockIdx.x == 0) {
             c.state->used[PEER_MB_ONESHOT][cur] = oneshot_vecs * 16;
