@@ -92,10 +92,7 @@ template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, c
 
 // oneshot-push (Lamport): write the input into this rank's slot of every peer's mailbox;
 // then wait for every peer's slot of this rank's mailbox and reduce. No barrier. The calls
-// are compared with the first vector's wait, not before it: thread p loads peer p's call,
-// then every thread its first vector of every peer, and only then looks at either, so that
-// the comparison costs no round trip of its own (a peer making another call is noticed by
-// the wait, which the data of such a peer may never end).
+// are compared with the wait for each thread's first vector (peer_poll_agreeing).
 template <int DT, int OP> __device__ void peer_oneshot_push(const PeerArgs& a, const PeerCtx& c, uint64_t nvec) {
     const bool aligned = a.aligned != 0;
     const uint64_t slot0 = a.off_push + (uint64_t)(c.seq % 3u) * a.world * a.lcap;
@@ -103,20 +100,12 @@ template <int DT, int OP> __device__ void peer_oneshot_push(const PeerArgs& a, c
         peer_push(a, c, slot0, a.lcap, v, peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned)));
     peer_reset_old_mailboxes(a, c);
     const char* inbox = c.region[a.rank] + slot0;
-    const uint32_t p = threadIdx.x;
-    const bool checker = p < a.world && p != a.rank;
-    uint64_t call[PEER_CALL_WORDS];
-    if (checker) peer_load_call(peer_call_of(a, c, p), call);
     const uint64_t v0 = peer_tid();
+    const bool have = v0 < nvec;
+    const uint4 own0 = have ? peer_sanitize<DT>(peer_load_user<DT>(a.input, v0, a.count, aligned)) : uint4{};
     uint4 w0[PEER_MAX_RANKS];
-    if (v0 < nvec) {
-        const uint4 own = peer_sanitize<DT>(peer_load_user<DT>(a.input, v0, a.count, aligned));
-        peer_poll<DT>(a, c, inbox, a.lcap, a.rank, own, v0, w0, 0);
-    }
-    if (checker && !*c.dead && peer_judge_call(a, c, p, call) == 0) peer_await_call(a, c, p, peer_call_of(a, c, p));
-    __syncthreads();
-    if (*c.dead) return;
-    if (v0 < nvec) peer_store_user<DT>(a.output, v0, a.count, aligned, peer_reduce<DT, OP>(a, w0));
+    if (!peer_poll_agreeing<DT>(a, c, inbox, a.lcap, have, own0, v0, w0)) return;
+    if (have) peer_store_user<DT>(a.output, v0, a.count, aligned, peer_reduce<DT, OP>(a, w0));
     for (uint64_t v = v0 + peer_stride(); v < nvec; v += peer_stride()) {
         uint4 w[PEER_MAX_RANKS];
         const uint4 own = peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned));
@@ -142,14 +131,24 @@ template <int DT, int OP> __device__ void peer_twoshot_push(const PeerArgs& a, c
             peer_st_volatile(dst + i, peer_sanitize<DT>(peer_load_user<DT>(a.input, s * S + i, a.count, aligned)));
     }
     peer_reset_old_mailboxes(a, c);
-    if (!peer_check_calls(a, c)) return;
     const char* inbox = c.region[me] + recv0;
-    for (uint64_t i = peer_tid(); i < S && me * S + i < nvec; i += peer_stride()) {
+    // The calls are compared with the wait for each thread's first vector of the slice.
+    const uint64_t i0 = peer_tid();
+    const bool have = i0 < S && me * S + i0 < nvec;
+    const uint4 own0 = have ? peer_sanitize<DT>(peer_load_user<DT>(a.input, me * S + i0, a.count, aligned)) : uint4{};
+    uint4 w0[PEER_MAX_RANKS];
+    if (!peer_poll_agreeing<DT>(a, c, inbox, a.slice_cap, have, own0, i0, w0)) return;
+    for (uint64_t i = i0; i < S && me * S + i < nvec; i += peer_stride()) {
         const uint64_t v = me * S + i;
         uint4 w[PEER_MAX_RANKS];
-        const uint4 own = peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned));
-        peer_poll<DT>(a, c, inbox, a.slice_cap, me, own, i, w, 0);
-        if (*c.dead) return;
+        if (i == i0) {
+#pragma unroll
+            for (int p = 0; p < PEER_MAX_RANKS; ++p) w[p] = w0[p];
+        } else {
+            const uint4 own = peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned));
+            peer_poll<DT>(a, c, inbox, a.slice_cap, me, own, i, w, 0);
+            if (*c.dead) return;
+        }
         const uint4 r = peer_sanitize<DT>(peer_reduce<DT, OP>(a, w));
         for (uint32_t k = 1; k < a.world; ++k) {
             const uint32_t p = (me + k) % a.world;
@@ -311,12 +310,20 @@ template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
         for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x)
             for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x)
                 peer_push(a, c, slot0, a.lcap, row * rvec + j, peer_sanitize<COMM_BF16>(in[row * rvec + j]));
+        peer_reset_old_mailboxes(a, c);
         const char* inbox = c.region[a.rank] + slot0;
-        const bool agreed = peer_check_calls(a, c);
+        // The calls are compared with the wait for each thread's first vector (of the
+        // block's first row), which the row's first pass then takes from w0.
+        const uint64_t row0 = blockIdx.x, j0 = threadIdx.x, v0 = row0 * rvec + j0;
+        const bool have = row0 < rows && j0 < rvec;
+        const uint4 own0 = have ? peer_sanitize<COMM_BF16>(in[v0]) : uint4{};
+        uint4 w0[PEER_MAX_RANKS];
+        const bool agreed = peer_poll_agreeing<COMM_BF16>(a, c, inbox, a.lcap, have, own0, v0, w0);
         for (uint64_t row = blockIdx.x; agreed && row < rows; row += gridDim.x) {
             peer_norm_row(a, row, rvec, [&](uint64_t j) {
-                uint4 w[PEER_MAX_RANKS];
                 const uint64_t v = row * rvec + j;
+                if (v == v0 && have) return peer_reduce<COMM_BF16, COMM_SUM>(a, w0);
+                uint4 w[PEER_MAX_RANKS];
                 peer_poll<COMM_BF16>(a, c, inbox, a.lcap, a.rank, peer_sanitize<COMM_BF16>(in[v]), v, w, 0);
                 return peer_reduce<COMM_BF16, COMM_SUM>(a, w);
             });
@@ -334,7 +341,7 @@ template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
                 });
         }
     }
-    peer_epilogue(a, c, ALGO == PEER_ONESHOT_PUSH ? nvec : 0, 0, 0);
+    peer_epilogue(a, c, ALGO == PEER_ONESHOT_PUSH ? nvec : 0, 0, 0, /*reset=*/ALGO != PEER_ONESHOT_PUSH);
 }
 
 extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_fused_rmsnorm_push(PeerArgs a) {

@@ -350,11 +350,12 @@ __device__ bool peer_await_call(const PeerArgs& a, const PeerCtx& c, uint32_t p,
     return seen > 0;
 }
 
-// Every block, before it waits on a peer or writes output (push kernels, whose data travels
-// with the call): thread p compares peer p's call with this rank's. False when the block
-// must stop (a mismatch, a wait that gave up). Peers can be at most one call ahead (every
-// call waits for every rank), so the slot of this call's parity holds this call's words or
-// those of two calls before.
+// Every block of a kernel that neither waits on a barrier nor polls data (peer_agree_only):
+// thread p compares peer p's call with this rank's (push kernels fold this into their first
+// wait, pull kernels into their first barrier). False when the block must stop (a mismatch,
+// a wait that gave up). Peers can be at most one call ahead (every call waits for every
+// rank), so the slot of this call's parity holds this call's words or those of two calls
+// before.
 __device__ bool peer_check_calls(const PeerArgs& a, const PeerCtx& c) {
     const uint32_t p = threadIdx.x;
     if (p < a.world && p != a.rank && !*c.dead) peer_await_call(a, c, p, peer_call_of(a, c, p));
@@ -443,6 +444,25 @@ __device__ __forceinline__ uint4 peer_poll1(const PeerArgs& a, const PeerCtx& c,
         w = peer_ld_volatile(src);
     } while (peer_has_sentinel<DT>(w));
     return w;
+}
+
+// The first wait of a push kernel, with the comparison of the calls folded in: thread p
+// loads peer p's call, then every thread with a vector (`have`) waits for vector v of every
+// peer's slot as peer_poll does, and only then is the call judged, so that the comparison
+// costs no round trip of its own (the wait notices a peer making another call, whose data
+// may never come). Every thread of the block calls it (it ends with __syncthreads); false
+// when the block must stop.
+template <int DT>
+__device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, const char* src, uint64_t stride, bool have,
+                                   uint4 own, uint64_t v, uint4* w) {
+    const uint32_t p = threadIdx.x;
+    const bool checker = p < a.world && p != a.rank && !*c.dead;
+    uint64_t call[PEER_CALL_WORDS];
+    if (checker) peer_load_call(peer_call_of(a, c, p), call);
+    if (have) peer_poll<DT>(a, c, src, stride, a.rank, own, v, w, 0);
+    if (checker && !*c.dead && peer_judge_call(a, c, p, call) == 0) peer_await_call(a, c, p, peer_call_of(a, c, p));
+    __syncthreads();
+    return !*c.dead;
 }
 
 // Vector v of this rank's data into slot `me` (at slot0 + me * slot_bytes) of every peer's
