@@ -22,8 +22,12 @@
 // Why it is built this way:
 // - Graph replay: nothing that changes from call to call is a kernel argument. The call
 //   counter (which selects data parity, Lamport buffer and barrier values) lives in
-//   PeerState on the device; every block reads it at start, and the last block to finish
-//   (a local atomic, never a peer atomic) advances it.
+//   PeerState on the device, one copy per block index: block b reads copy b at start and,
+//   at its end, advances copy b and the copies of the blocks this launch does not have
+//   (b + grid, b + 2 grid, ...), so that every copy is equal again once the launch is done,
+//   whatever the next launch's grid. No atomic, no fence, no wait for the other blocks: no
+//   block of a launch reads a copy another of its blocks writes, and the next launch reads
+//   them after this one has completed.
 // - Barriers without peer atomics: block b of rank r stores the value 2*seq+phase+1 with
 //   st.release into slot [phase][b][r] of every peer's pad, and thread p waits with
 //   ld.acquire on its own slot [phase][b][p], then __syncthreads. Values only grow
@@ -89,8 +93,7 @@ struct PeerPad {
 };
 
 struct PeerState {
-    uint32_t seq;    // collective calls completed by this rank
-    uint32_t done;   // blocks of the running call that have finished
+    uint32_t seq[PEER_MAX_BLOCKS];  // collective calls completed, one copy per block index
     uint32_t abort;  // a spin gave up: every later launch returns at once
     uint32_t pad;
     uint64_t used[3][3];  // [mailbox kind][buffer]: bytes per sender slot written by that call
@@ -546,7 +549,7 @@ __device__ __forceinline__ void peer_let_next_start() {
     peer_wait_previous();                                                                            \
     peer_let_next_start();                                                                           \
     if (threadIdx.x == 0) {                                                                          \
-        const uint32_t seq_ = *(volatile uint32_t*)&s_state->seq;                                    \
+        const uint32_t seq_ = *(volatile uint32_t*)&s_state->seq[blockIdx.x];                        \
         const uint32_t abort_ = *(volatile uint32_t*)&s_state->abort;                                \
         uint64_t used_[9];                                                                           \
         _Pragma("unroll") for (int k_ = 0; k_ < 9; ++k_)                                             \
@@ -582,28 +585,21 @@ __device__ void peer_reset_old_mailboxes(const PeerArgs& a, const PeerCtx& c) {
 }
 
 // Resets the previous call's mailboxes unless the kernel did (`reset`), records what this
-// call wrote into buffer seq%3 (vectors per sender slot of each kind), then advances the
-// call counter once every block is done.
+// call wrote into buffer seq%3 (vectors per sender slot of each kind), then advances this
+// block's copies of the call counter (see the top). Nothing here waits for memory: the next
+// launch reads all of it after this one has completed.
 __device__ void peer_epilogue(const PeerArgs& a, const PeerCtx& c, uint64_t oneshot_vecs, uint64_t recv_vecs,
                               uint64_t result_vecs, bool reset = true) {
     __syncthreads();
     if (*c.dead) return;
     const uint32_t cur = c.seq % 3u;
-    if (reset) {
-        peer_reset_old_mailboxes(a, c);
-        __syncthreads();
-    }
+    if (reset) peer_reset_old_mailboxes(a, c);
     if (threadIdx.x == 0) {
         if (blockIdx.x == 0) {
             c.state->used[PEER_MB_ONESHOT][cur] = oneshot_vecs * 16;
             c.state->used[PEER_MB_RECV][cur] = recv_vecs * 16;
             c.state->used[PEER_MB_RESULT][cur] = result_vecs * 16;
         }
-        __threadfence();
-        if (atomicAdd(&c.state->done, 1u) == gridDim.x - 1) {
-            c.state->done = 0;
-            *(volatile uint32_t*)&c.state->seq = c.seq + 1u;
-            __threadfence();
-        }
+        for (uint32_t b = blockIdx.x; b < PEER_MAX_BLOCKS; b += gridDim.x) c.state->seq[b] = c.seq + 1u;
     }
 }

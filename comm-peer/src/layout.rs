@@ -21,9 +21,9 @@ pub const CALL_WORDS: usize = 7;
 /// word tagged with its call).
 pub const PAD_BYTES: usize = (2 * MAX_BLOCKS as usize * MAX_RANKS + CHANNELS * MAX_RANKS) * 4
     + 2 * MAX_RANKS * (CALL_WORDS + 1) * 8;
-/// Bytes of `PeerState`, this rank's own bookkeeping (4 u32, 3 x 3 u64, 2 x CHANNELS x
-/// MAX_RANKS u32), kept in device memory beside the region, not in it.
-pub const STATE_BYTES: usize = 16 + 72 + 2 * CHANNELS * MAX_RANKS * 4;
+/// Bytes of `PeerState`, this rank's own bookkeeping (MAX_BLOCKS + 2 u32, 3 x 3 u64,
+/// 2 x CHANNELS x MAX_RANKS u32), kept in device memory beside the region, not in it.
+pub const STATE_BYTES: usize = (MAX_BLOCKS as usize + 2) * 4 + 72 + 2 * CHANNELS * MAX_RANKS * 4;
 /// Bytes before the first data area (the pad, rounded up).
 pub const HEADER_BYTES: usize = 12 << 10;
 /// Lamport buffers that rotate.
