@@ -440,7 +440,7 @@ mod shipped_tables {
     use super::*;
 
     /// The tables measured on the device machine load, and name backends as their
-    /// communicators do.
+    /// communicators do; a table of version 3 or later holds both launch modes.
     #[test]
     fn load_and_name_known_backends() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tables");
@@ -450,9 +450,17 @@ mod shipped_tables {
             for m in &table.measurements {
                 let id: crate::BackendId = m.backend.parse().unwrap();
                 assert_eq!(m.memory, Some(id.memory()), "{}", path.display());
-                // Measured before graph replays were timed.
-                assert_eq!(m.launch, Launch::Eager, "{}", path.display());
             }
+            let graph_rows = table
+                .measurements
+                .iter()
+                .filter(|m| m.launch == Launch::Graph);
+            assert_eq!(
+                graph_rows.count() > 0,
+                table.version >= 3,
+                "{}",
+                path.display()
+            );
         }
     }
 }
