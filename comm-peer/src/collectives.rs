@@ -37,7 +37,11 @@ impl Plan {
 impl PeerComm {
     fn grid(&self, work: usize) -> (u32, u32) {
         (
-            blocks(work, self.config.threads, self.max_blocks),
+            blocks(
+                work.div_ceil(self.items_per_thread),
+                self.config.threads,
+                self.max_blocks,
+            ),
             self.config.threads,
         )
     }

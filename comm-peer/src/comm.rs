@@ -19,7 +19,7 @@ use crate::algorithm::{Algorithm, parse_choice};
 use crate::calls::{self, CallWords};
 use crate::config::PeerConfig;
 use crate::group::{PeerGroup, Ready};
-use crate::kernels::{DTYPES, OPS, PeerArgs};
+use crate::kernels::{DTYPES, OPS, PeerArgs, default_grid};
 use crate::layout::{Layout, MAX_BLOCKS, MAX_THREADS};
 use crate::registered::Registered;
 use crate::scratch::Scratch;
@@ -44,6 +44,8 @@ pub struct PeerComm {
     pub(crate) config: PeerConfig,
     pub(crate) layout: Layout,
     pub(crate) max_blocks: u32,
+    /// Work items each thread takes on before the grid grows (more where blocks are dear).
+    pub(crate) items_per_thread: usize,
     pub(crate) algorithm: Cell<Option<Algorithm>>,
     pub(crate) capabilities: Capabilities,
     pub(crate) registry: Arc<Registry>,
@@ -130,9 +132,11 @@ impl PeerComm {
             sms = sms.min(u32::from_le_bytes(m[1..5].try_into().unwrap()));
         }
         let memory = source(&ready, &layout)?;
+        let (default_blocks, items_per_thread) =
+            default_grid(sms, memory.sharing(), memory.host_memory());
         let max_blocks = config
             .max_blocks
-            .unwrap_or_else(|| (sms / memory.sharing().max(1) as u32).min(36))
+            .unwrap_or(default_blocks)
             .clamp(1, MAX_BLOCKS);
         let timeout = config.timeout.unwrap_or_else(|| bootstrap.timeout());
         Ok(PeerComm {
@@ -147,6 +151,7 @@ impl PeerComm {
             config,
             layout,
             max_blocks,
+            items_per_thread,
         })
     }
 

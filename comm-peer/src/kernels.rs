@@ -122,6 +122,20 @@ fn name(algorithm: Option<Algorithm>, dtype: DType, op: ReduceOp) -> String {
     format!("peer_{stem}_{}_{}", dtype.name(), op.name())
 }
 
+/// Most blocks per launch and work items per thread, unless configured: on device memory
+/// every SM of this rank's share of the device (at most [`MAX_BLOCKS`]), one item per
+/// thread; on host memory mapped into the devices at most 8 blocks of 4 items per thread,
+/// since there each block costs more than it carries. Measured on 2 x H200 (BENCHMARKS.md,
+/// the grid step): one-shot push over NVLink carries ~160 GB/s with 36 blocks and ~240 GB/s
+/// with 128; through host memory 42 KB takes 20.7 us with 2 blocks and 33.9 us with 8.
+pub(crate) fn default_grid(sms: u32, sharing: usize, host_memory: bool) -> (u32, usize) {
+    if host_memory {
+        (8, 4)
+    } else {
+        ((sms / sharing.max(1) as u32).clamp(1, MAX_BLOCKS), 1)
+    }
+}
+
 /// Blocks for one launch over `work` items (one per thread), at most `max_blocks`. Every
 /// rank computes the same number (the per-block barriers pair blocks by index).
 pub(crate) fn blocks(work: usize, threads: u32, max_blocks: u32) -> u32 {
@@ -337,6 +351,18 @@ mod tests {
         let bytes: usize = rust.iter().map(|f| f.1).sum();
         assert_eq!(std::mem::size_of::<PeerArgs>(), bytes);
         assert_eq!(std::mem::align_of::<PeerArgs>(), 8);
+    }
+
+    #[test]
+    fn default_grids_use_the_device_or_few_blocks_on_host_memory() {
+        assert_eq!(default_grid(132, 1, false), (MAX_BLOCKS, 1));
+        assert_eq!(default_grid(132, 2, false), (66, 1));
+        assert_eq!(default_grid(132, 8, false), (16, 1));
+        assert_eq!(default_grid(0, 1, false), (1, 1));
+        let (most, per_thread) = default_grid(132, 1, true);
+        assert_eq!((most, per_thread), (8, 4));
+        // 42 KB of bf16 (2688 vectors) through host memory: two blocks of 512 threads.
+        assert_eq!(blocks(2688usize.div_ceil(per_thread), 512, most), 2);
     }
 
     #[test]
