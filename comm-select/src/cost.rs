@@ -58,10 +58,10 @@ impl FabricParams {
     pub fn for_fabric(fabric: Fabric) -> Self {
         match fabric {
             // H100/H200 SXM: 18 NVLink4 links, ~450 GB/s per direction, NVSwitch non-blocking.
-            // Calibrated on 2 x H200 (BENCHMARKS.md, "Tuning table and cost model after
-            // block-counters"), CUDA graphs, bf16: our one-shot push takes 4.0 us at 64 KiB and
-            // carries ~160 GB/s at 4-16 MiB; NCCL takes 5.8 us for small messages, 13.7 at
-            // 1 MiB (low-latency protocol), then 31.9 at 4 MiB .. 250 at 64 MiB (bulk).
+            // Calibrated on 2 x H200 (BENCHMARKS.md, "Cost model, grids and tuning table"),
+            // CUDA graphs, bf16: our one-shot push takes 3.7 us up to 42 KB and carries
+            // ~240 GB/s from 16 MiB (128 blocks); NCCL takes 5.8 us for small messages, 13.7
+            // at 1 MiB (low-latency protocol), then 31.9 at 4 MiB .. 250 at 64 MiB (bulk).
             Fabric::NvLink => FabricParams {
                 launch_us: 4.0,
                 barrier_us: 1.5,
@@ -69,7 +69,7 @@ impl FabricParams {
                 read_gbps: 450.0,
                 shared_gbps: None,
                 read_contention: 0.0,
-                kernel_efficiency: 0.35,
+                kernel_efficiency: 0.53,
                 ring_launch_us: 3.4,
                 ring_step_us: 1.2,
                 ring_efficiency: 0.3,
@@ -340,15 +340,14 @@ mod tests {
 
     /// Two H200s over NVLink, CUDA graphs, bf16 (BENCHMARKS.md): (bytes, NCCL us, our
     /// best kernel us).
-    const NVLINK_2: [(usize, f64, f64); 8] = [
-        (64, 5.9, 5.4),
-        (65536, 7.1, 4.0),
-        (1 << 20, 13.7, 9.1),
-        (4 << 20, 31.9, 28.5),
-        (8 << 20, 46.3, 49.7),
-        (16 << 20, 76.1, 104.8),
-        (64 << 20, 249.8, 419.3),
-        (MB256, 888.3, 1676.9),
+    const NVLINK_2: [(usize, f64, f64); 7] = [
+        (8192, 6.7, 3.7),
+        (KB42, 7.5, 3.8),
+        (1 << 20, 13.7, 6.8),
+        (4 << 20, 31.9, 19.4),
+        (16 << 20, 76.1, 69.9),
+        (64 << 20, 249.8, 280.0),
+        (MB256, 888.3, 1119.8),
     ];
 
     #[test]
