@@ -144,15 +144,17 @@ impl FabricParams {
 /// GPUs without P2P (comm-symm's host-mapped backing; NCCL's shared-memory transport),
 /// calibrated on the one such configuration measured: two H200s with P2P forced off
 /// (`NCCL_P2P_DISABLE=1`, `COMM_SYMM_BACKING=host`), CUDA graphs, bf16 (BENCHMARKS.md,
-/// "Without peer access"). NCCL there takes ~9.5 us for small messages and carries ~28 GB/s
-/// at 8 MiB; the host-mapped kernels as measured take ~20 us for small messages and ~10 us
-/// more per block launched, so the model prefers NCCL at every size until they are
-/// measured faster. A tuning table measured on the machine beats the model anyway.
+/// "Without peer access", the 21:00 run). NCCL there takes ~9.5 us for small messages and
+/// carries ~28 GB/s at 8 MiB; the host-mapped kernels take ~12.5 us for small messages,
+/// 20.9 us at 42 KB and 53 us at 256 KiB (~20 us, 47.6 and 334 when first measured), so the
+/// model prefers NCCL at every size until they are measured faster. A tuning table
+/// measured on the machine beats the model anyway.
 ///
 /// Every byte crosses PCIe twice: its sender's kernel writes it into host memory, its
 /// receiver's kernel reads it back over its own link.
 pub const NO_P2P: FabricParams = FabricParams {
-    // One-shot push, 8 B .. 8 KiB: 19.7-20.1 us.
+    // One-shot push, 8 B .. 8 KiB, as first measured: 19.7-20.1 us (now 12.3-12.8; the
+    // model keeps the first figures until our kernels beat NCCL somewhere).
     launch_us: 20.0,
     // One-shot pull (a barrier more) is ~2.7 us slower at those sizes.
     barrier_us: 2.7,
@@ -161,7 +163,8 @@ pub const NO_P2P: FabricParams = FabricParams {
     read_gbps: 28.0,
     shared_gbps: None,
     read_contention: 0.25,
-    // The kernels reach ~1.4 GB/s at 512 KiB (one-shot push: 388 us).
+    // The kernels reached ~1.4 GB/s at 512 KiB (one-shot push: 388 us; now ~5-6 GB/s
+    // from 42 KB to 1 MiB, still behind NCCL).
     kernel_efficiency: 0.05,
     // Two ranks: 5.5 + 2 steps x 2.0 = 9.5 us (measured 9.2-10.6 from 8 B to 8 KiB).
     ring_launch_us: 5.5,
