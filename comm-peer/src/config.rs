@@ -41,9 +41,9 @@ pub struct PeerConfig {
     /// NCCL asynchronous error). With agreement on the host, the disagreeing call itself
     /// fails, before anything is launched, and the communicator stays usable.
     pub agree_on_host: bool,
-    /// Most blocks per launch; `None` = the device's SMs divided by the ranks that share
-    /// this device (all ranks' blocks must be resident at once), at most 128; 8 where the
-    /// regions are host memory.
+    /// Most blocks per launch; `None` = the device's SMs, at most 128; where ranks share
+    /// a device, its SMs divided by those ranks (all their blocks must be resident at once),
+    /// at most 36; 8 where the regions are host memory.
     pub max_blocks: Option<u32>,
     /// Threads per block (a multiple of 32, at most 512).
     pub threads: u32,

@@ -123,16 +123,20 @@ fn name(algorithm: Option<Algorithm>, dtype: DType, op: ReduceOp) -> String {
 }
 
 /// Most blocks per launch and work items per thread, unless configured: on device memory
-/// every SM of this rank's share of the device (at most [`MAX_BLOCKS`]), one item per
-/// thread; on host memory mapped into the devices at most 8 blocks of 4 items per thread,
-/// since there each block costs more than it carries. Measured on 2 x H200 (BENCHMARKS.md,
-/// the grid step): one-shot push over NVLink carries ~160 GB/s with 36 blocks and ~240 GB/s
-/// with 128; through host memory 42 KB takes 20.7 us with 2 blocks and 33.9 us with 8.
+/// every SM of the device (at most [`MAX_BLOCKS`]), one item per thread; where ranks share
+/// a device, their share of it and at most 36 (all their blocks must be resident at once,
+/// beside whatever else runs there); on host memory mapped into the devices at most 8 blocks
+/// of 4 items per thread, since there each block costs more than it carries. Measured on
+/// 2 x H200 (BENCHMARKS.md, the grid step): one-shot push over NVLink carries ~160 GB/s with
+/// 36 blocks and ~240 GB/s with 128; through host memory 42 KB takes 20.7 us with 2 blocks
+/// and 33.9 us with 8.
 pub(crate) fn default_grid(sms: u32, sharing: usize, host_memory: bool) -> (u32, usize) {
     if host_memory {
         (8, 4)
+    } else if sharing > 1 {
+        ((sms / sharing as u32).clamp(1, 36), 1)
     } else {
-        ((sms / sharing.max(1) as u32).clamp(1, MAX_BLOCKS), 1)
+        (sms.clamp(1, MAX_BLOCKS), 1)
     }
 }
 
@@ -356,7 +360,7 @@ mod tests {
     #[test]
     fn default_grids_use_the_device_or_few_blocks_on_host_memory() {
         assert_eq!(default_grid(132, 1, false), (MAX_BLOCKS, 1));
-        assert_eq!(default_grid(132, 2, false), (66, 1));
+        assert_eq!(default_grid(132, 2, false), (36, 1));
         assert_eq!(default_grid(132, 8, false), (16, 1));
         assert_eq!(default_grid(0, 1, false), (1, 1));
         let (most, per_thread) = default_grid(132, 1, true);
