@@ -90,6 +90,69 @@ template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, c
     }
 }
 
+// The rest of a thread's vectors of a one-shot push (from `first`, every peer_stride()), in
+// batches of PEER_MAX_RANKS / world vectors (4 with two ranks): the loads of a batch from
+// every peer go out together and are waited for together, so that a thread waits one memory
+// round trip per batch, not one per vector. Through host memory a round trip takes
+// microseconds; over NVLink more loads in flight carry more bandwidth. Slot i of a batch
+// holds vector i / world of rank i % world, so rank order is slot order (peer_fold).
+template <int DT, int OP>
+__device__ void peer_oneshot_push_batches(const PeerArgs& a, const PeerCtx& c, const char* inbox, uint64_t first,
+                                          uint64_t nvec) {
+    const bool aligned = a.aligned != 0;
+    const uint32_t world = a.world, per = PEER_MAX_RANKS / world;
+    const uint64_t stride = peer_stride();
+    uint32_t vec_of[PEER_MAX_RANKS], rank_of[PEER_MAX_RANKS];
+#pragma unroll
+    for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+        vec_of[i] = i / world;
+        rank_of[i] = i % world;
+    }
+    for (uint64_t base = first; base < nvec; base += per * stride) {
+        uint4 s[PEER_MAX_RANKS];
+        uint32_t used = 0, pending = 0;
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+            const uint64_t v = base + vec_of[i] * stride;
+            if (vec_of[i] >= per || v >= nvec) continue;
+            used |= 1u << i;
+            if (rank_of[i] == a.rank) {
+                s[i] = peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned));
+            } else {
+                s[i] = peer_ld_volatile(reinterpret_cast<const uint4*>(inbox + rank_of[i] * a.lcap) + v);
+                if (peer_has_sentinel<DT>(s[i])) pending |= 1u << i;
+            }
+        }
+        if (pending) {
+            const uint64_t start = peer_now();
+            uint32_t spins = 0;
+            while (pending) {
+#pragma unroll
+                for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+                    if (pending & (1u << i)) {
+                        const uint64_t v = base + vec_of[i] * stride;
+                        s[i] = peer_ld_volatile(reinterpret_cast<const uint4*>(inbox + rank_of[i] * a.lcap) + v);
+                        if (!peer_has_sentinel<DT>(s[i])) pending &= ~(1u << i);
+                    }
+                }
+                if (!pending) break;
+                // A peer that makes another call may never send this data: say so, not a timeout.
+                const uint32_t late = rank_of[__ffs(pending) - 1];
+                if ((spins & 255) == 128 && peer_look_at_call(a, c, late, peer_call_of(a, c, late)) < 0) return;
+                if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_LAMPORT, 0, late)) return;
+            }
+        }
+        float acc[PeerDt<DT>::VEC];
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+            if (!(used & (1u << i))) continue;
+            peer_fold<DT, OP>(a, acc, s[i], rank_of[i]);
+            if (rank_of[i] + 1 == world)
+                peer_store_user<DT>(a.output, base + vec_of[i] * stride, a.count, aligned, peer_pack<DT>(acc));
+        }
+    }
+}
+
 // oneshot-push (Lamport): write the input into this rank's slot of every peer's mailbox;
 // then wait for every peer's slot of this rank's mailbox and reduce. No barrier. The calls
 // are compared with the wait for each thread's first vector (peer_poll_agreeing).
@@ -106,13 +169,7 @@ template <int DT, int OP> __device__ void peer_oneshot_push(const PeerArgs& a, c
     uint4 w0[PEER_MAX_RANKS];
     if (!peer_poll_agreeing<DT>(a, c, inbox, a.lcap, have, own0, v0, w0)) return;
     if (have) peer_store_user<DT>(a.output, v0, a.count, aligned, peer_reduce<DT, OP>(a, w0));
-    for (uint64_t v = v0 + peer_stride(); v < nvec; v += peer_stride()) {
-        uint4 w[PEER_MAX_RANKS];
-        const uint4 own = peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned));
-        peer_poll<DT>(a, c, inbox, a.lcap, a.rank, own, v, w, 0);
-        if (*c.dead) return;
-        peer_store_user<DT>(a.output, v, a.count, aligned, peer_reduce<DT, OP>(a, w));
-    }
+    peer_oneshot_push_batches<DT, OP>(a, c, inbox, v0 + peer_stride(), nvec);
 }
 
 // twoshot-push (Lamport): push slice s of the input into rank s's slice mailbox; reduce

@@ -478,24 +478,31 @@ __device__ __forceinline__ void peer_push(const PeerArgs& a, const PeerCtx& c, u
     }
 }
 
-// Reduces w[0..world) in rank order, in f32.
-template <int DT, int OP> __device__ __forceinline__ uint4 peer_reduce(const PeerArgs& a, const uint4* w) {
+// One step of the rank-order fold in f32: rank 0's vector starts it, each later rank's is
+// combined in, and the mean divides once the last rank is in. Code that meets the ranks'
+// vectors one at a time folds them in rank order and gets peer_reduce's bits.
+template <int DT, int OP>
+__device__ __forceinline__ void peer_fold(const PeerArgs& a, float* acc, const uint4& w, uint32_t p) {
     constexpr int VEC = PeerDt<DT>::VEC;
-    float acc[VEC], x[VEC];
-    peer_unpack<DT>(w[0], acc);
+    float x[VEC];
+    peer_unpack<DT>(w, x);
 #pragma unroll
-    for (int p = 1; p < PEER_MAX_RANKS; ++p) {
-        if (p < (int)a.world) {
-            peer_unpack<DT>(w[p], x);
+    for (int e = 0; e < VEC; ++e) acc[e] = p == 0 ? x[e] : peer_combine<OP>(acc[e], x[e]);
+    if constexpr (OP == COMM_AVG) {
+        if (p + 1 == a.world) {
+            const float n = (float)a.world;
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) acc[e] = peer_combine<OP>(acc[e], x[e]);
+            for (int e = 0; e < VEC; ++e) acc[e] = acc[e] / n;
         }
     }
-    if constexpr (OP == COMM_AVG) {
-        const float n = (float)a.world;
+}
+
+// Reduces w[0..world) in rank order, in f32.
+template <int DT, int OP> __device__ __forceinline__ uint4 peer_reduce(const PeerArgs& a, const uint4* w) {
+    float acc[PeerDt<DT>::VEC];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) acc[e] = acc[e] / n;
-    }
+    for (int p = 0; p < PEER_MAX_RANKS; ++p)
+        if (p < (int)a.world) peer_fold<DT, OP>(a, acc, w[p], p);
     return peer_pack<DT>(acc);
 }
 
