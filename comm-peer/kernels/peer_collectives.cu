@@ -142,6 +142,8 @@ __device__ void peer_oneshot_push_batches(const PeerArgs& a, const PeerCtx& c, c
                 if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_LAMPORT, 0, late)) return;
             }
         }
+        // Another thread of the block may have given up (a timeout): then nothing is written.
+        if (*c.dead) return;
         float acc[PeerDt<DT>::VEC];
 #pragma unroll
         for (int i = 0; i < PEER_MAX_RANKS; ++i) {
