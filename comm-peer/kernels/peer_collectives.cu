@@ -90,71 +90,6 @@ template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, c
     }
 }
 
-// The rest of a thread's vectors of a one-shot push (from `first`, every peer_stride()), in
-// batches of PEER_MAX_RANKS / world vectors (4 with two ranks): the loads of a batch from
-// every peer go out together and are waited for together, so that a thread waits one memory
-// round trip per batch, not one per vector. Through host memory a round trip takes
-// microseconds; over NVLink more loads in flight carry more bandwidth. Slot i of a batch
-// holds vector i / world of rank i % world, so rank order is slot order (peer_fold).
-template <int DT, int OP>
-__device__ void peer_oneshot_push_batches(const PeerArgs& a, const PeerCtx& c, const char* inbox, uint64_t first,
-                                          uint64_t nvec) {
-    const bool aligned = a.aligned != 0;
-    const uint32_t world = a.world, per = PEER_MAX_RANKS / world;
-    const uint64_t stride = peer_stride();
-    uint32_t vec_of[PEER_MAX_RANKS], rank_of[PEER_MAX_RANKS];
-#pragma unroll
-    for (int i = 0; i < PEER_MAX_RANKS; ++i) {
-        vec_of[i] = i / world;
-        rank_of[i] = i % world;
-    }
-    for (uint64_t base = first; base < nvec; base += per * stride) {
-        uint4 s[PEER_MAX_RANKS];
-        uint32_t used = 0, pending = 0;
-#pragma unroll
-        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
-            const uint64_t v = base + vec_of[i] * stride;
-            if (vec_of[i] >= per || v >= nvec) continue;
-            used |= 1u << i;
-            if (rank_of[i] == a.rank) {
-                s[i] = peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned));
-            } else {
-                s[i] = peer_ld_volatile(reinterpret_cast<const uint4*>(inbox + rank_of[i] * a.lcap) + v);
-                if (peer_has_sentinel<DT>(s[i])) pending |= 1u << i;
-            }
-        }
-        if (pending) {
-            const uint64_t start = peer_now();
-            uint32_t spins = 0;
-            while (pending) {
-#pragma unroll
-                for (int i = 0; i < PEER_MAX_RANKS; ++i) {
-                    if (pending & (1u << i)) {
-                        const uint64_t v = base + vec_of[i] * stride;
-                        s[i] = peer_ld_volatile(reinterpret_cast<const uint4*>(inbox + rank_of[i] * a.lcap) + v);
-                        if (!peer_has_sentinel<DT>(s[i])) pending &= ~(1u << i);
-                    }
-                }
-                if (!pending) break;
-                // A peer that makes another call may never send this data: say so, not a timeout.
-                const uint32_t late = rank_of[__ffs(pending) - 1];
-                if ((spins & 255) == 128 && peer_look_at_call(a, c, late, peer_call_of(a, c, late)) < 0) return;
-                if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_LAMPORT, 0, late)) return;
-            }
-        }
-        // Another thread of the block may have given up (a timeout): then nothing is written.
-        if (*c.dead) return;
-        float acc[PeerDt<DT>::VEC];
-#pragma unroll
-        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
-            if (!(used & (1u << i))) continue;
-            peer_fold<DT, OP>(a, acc, s[i], rank_of[i]);
-            if (rank_of[i] + 1 == world)
-                peer_store_user<DT>(a.output, base + vec_of[i] * stride, a.count, aligned, peer_pack<DT>(acc));
-        }
-    }
-}
-
 // oneshot-push (Lamport): write the input into this rank's slot of every peer's mailbox;
 // then wait for every peer's slot of this rank's mailbox and reduce. No barrier. The calls
 // are compared with the wait for each thread's first vector (peer_poll_agreeing).
@@ -171,7 +106,9 @@ template <int DT, int OP> __device__ void peer_oneshot_push(const PeerArgs& a, c
     uint4 w0[PEER_MAX_RANKS];
     if (!peer_poll_agreeing<DT>(a, c, inbox, a.lcap, have, own0, v0, w0)) return;
     if (have) peer_store_user<DT>(a.output, v0, a.count, aligned, peer_reduce<DT, OP>(a, w0));
-    peer_oneshot_push_batches<DT, OP>(a, c, inbox, v0 + peer_stride(), nvec);
+    peer_reduce_batches<DT, OP>(
+        a, c, inbox, a.lcap, v0 + peer_stride(), nvec, [](uint64_t v) { return v; },
+        [&](uint64_t v, uint4 r) { peer_store_user<DT>(a.output, v, a.count, aligned, r); });
 }
 
 // twoshot-push (Lamport): push slice s of the input into rank s's slice mailbox; reduce
@@ -197,32 +134,28 @@ template <int DT, int OP> __device__ void peer_twoshot_push(const PeerArgs& a, c
     const uint4 own0 = have ? peer_sanitize<DT>(peer_load_user<DT>(a.input, me * S + i0, a.count, aligned)) : uint4{};
     uint4 w0[PEER_MAX_RANKS];
     if (!peer_poll_agreeing<DT>(a, c, inbox, a.slice_cap, have, own0, i0, w0)) return;
-    for (uint64_t i = i0; i < S && me * S + i < nvec; i += peer_stride()) {
+    // This rank's slice: entries [0, mine) of the slice mailboxes, vectors me * S + i.
+    const uint64_t mine = me * S >= nvec ? 0 : (nvec - me * S < S ? nvec - me * S : S);
+    const auto publish = [&](uint64_t i, uint4 reduced) {
         const uint64_t v = me * S + i;
-        uint4 w[PEER_MAX_RANKS];
-        if (i == i0) {
-#pragma unroll
-            for (int p = 0; p < PEER_MAX_RANKS; ++p) w[p] = w0[p];
-        } else {
-            const uint4 own = peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned));
-            peer_poll<DT>(a, c, inbox, a.slice_cap, me, own, i, w, 0);
-            if (*c.dead) return;
-        }
-        const uint4 r = peer_sanitize<DT>(peer_reduce<DT, OP>(a, w));
+        const uint4 r = peer_sanitize<DT>(reduced);
         for (uint32_t k = 1; k < a.world; ++k) {
             const uint32_t p = (me + k) % a.world;
             peer_st_volatile(reinterpret_cast<uint4*>(c.region[p] + result0) + v, r);
         }
         peer_store_user<DT>(a.output, v, a.count, aligned, r);
-    }
-    const char* results = c.region[me] + result0;
+    };
+    if (have) publish(i0, peer_reduce<DT, OP>(a, w0));
+    if (!peer_reduce_batches<DT, OP>(
+            a, c, inbox, a.slice_cap, i0 + peer_stride(), mine, [&](uint64_t i) { return me * S + i; }, publish))
+        return;
+    const uint4* results = reinterpret_cast<const uint4*>(c.region[me] + result0);
     for (uint32_t k = 1; k < a.world; ++k) {
         const uint32_t s = (me + k) % a.world;
-        for (uint64_t i = peer_tid(); i < S && s * S + i < nvec; i += peer_stride()) {
-            const uint4 w = peer_poll1<DT>(a, c, reinterpret_cast<const uint4*>(results) + s * S + i, s);
-            if (*c.dead) return;
-            peer_store_user<DT>(a.output, s * S + i, a.count, aligned, w);
-        }
+        const uint64_t theirs = s * S >= nvec ? 0 : (nvec - s * S < S ? nvec - s * S : S);
+        if (!peer_take_batches<DT>(a, c, results + s * S, theirs, s,
+                                   [&](uint64_t i, uint4 w) { peer_store_user<DT>(a.output, s * S + i, a.count, aligned, w); }))
+            return;
     }
 }
 

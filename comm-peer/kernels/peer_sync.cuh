@@ -435,20 +435,6 @@ __device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, c
     }
 }
 
-// Waits until the vector at `src` holds no sentinel (a result pushed by rank `peer`).
-template <int DT>
-__device__ __forceinline__ uint4 peer_poll1(const PeerArgs& a, const PeerCtx& c, const uint4* src, uint32_t peer) {
-    uint4 w = peer_ld_volatile(src);
-    if (!peer_has_sentinel<DT>(w)) return w;
-    uint64_t start = peer_now();
-    uint32_t spins = 0;
-    do {
-        if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_LAMPORT, 1, peer)) break;
-        w = peer_ld_volatile(src);
-    } while (peer_has_sentinel<DT>(w));
-    return w;
-}
-
 // The first wait of a push kernel, with the comparison of the calls folded in: thread p
 // loads peer p's call, then every thread with a vector (`have`) waits for vector v of every
 // peer's slot as peer_poll does, and only then is the call judged, so that the comparison
@@ -504,6 +490,113 @@ template <int DT, int OP> __device__ __forceinline__ uint4 peer_reduce(const Pee
     for (int p = 0; p < PEER_MAX_RANKS; ++p)
         if (p < (int)a.world) peer_fold<DT, OP>(a, acc, w[p], p);
     return peer_pack<DT>(acc);
+}
+
+// Waits for entries j = first, first + peer_stride(), ... < end of every peer's slot of a
+// mailbox (slot p at inbox + p * slot_bytes) and hands each entry's reduction, in rank order,
+// to done(j, reduced); this rank's contribution to entry j is vector user(j) of its input.
+// Entries go in batches of PEER_MAX_RANKS / world (4 with two ranks) whose loads from every
+// peer are in flight together, so that a thread waits one memory round trip per batch, not
+// one per entry: through host memory a round trip takes microseconds, and over NVLink more
+// loads in flight carry more bandwidth. Slot i of a batch holds entry i / world of rank
+// i % world, so that slot order is rank order (peer_fold). False when the block must stop.
+template <int DT, int OP, typename User, typename Done>
+__device__ bool peer_reduce_batches(const PeerArgs& a, const PeerCtx& c, const char* inbox, uint64_t slot_bytes,
+                                    uint64_t first, uint64_t end, User user, Done done) {
+    const bool aligned = a.aligned != 0;
+    const uint32_t world = a.world, per = PEER_MAX_RANKS / world;
+    const uint64_t stride = peer_stride();
+    uint32_t entry_of[PEER_MAX_RANKS], rank_of[PEER_MAX_RANKS];
+#pragma unroll
+    for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+        entry_of[i] = i / world;
+        rank_of[i] = i % world;
+    }
+    for (uint64_t base = first; base < end; base += per * stride) {
+        uint4 s[PEER_MAX_RANKS];
+        uint32_t used = 0, pending = 0;
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+            const uint64_t j = base + entry_of[i] * stride;
+            if (entry_of[i] >= per || j >= end) continue;
+            used |= 1u << i;
+            if (rank_of[i] == a.rank) {
+                s[i] = peer_sanitize<DT>(peer_load_user<DT>(a.input, user(j), a.count, aligned));
+            } else {
+                s[i] = peer_ld_volatile(reinterpret_cast<const uint4*>(inbox + rank_of[i] * slot_bytes) + j);
+                if (peer_has_sentinel<DT>(s[i])) pending |= 1u << i;
+            }
+        }
+        if (pending) {
+            const uint64_t start = peer_now();
+            uint32_t spins = 0;
+            while (pending) {
+#pragma unroll
+                for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+                    if (pending & (1u << i)) {
+                        const uint64_t j = base + entry_of[i] * stride;
+                        s[i] = peer_ld_volatile(reinterpret_cast<const uint4*>(inbox + rank_of[i] * slot_bytes) + j);
+                        if (!peer_has_sentinel<DT>(s[i])) pending &= ~(1u << i);
+                    }
+                }
+                if (!pending) break;
+                // A peer that makes another call may never send this data: say so, not a timeout.
+                const uint32_t late = rank_of[__ffs(pending) - 1];
+                if ((spins & 255) == 128 && peer_look_at_call(a, c, late, peer_call_of(a, c, late)) < 0) return false;
+                if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_LAMPORT, 0, late)) return false;
+            }
+        }
+        // Another thread of the block may have given up (a timeout): then nothing is written.
+        if (*c.dead) return false;
+        float acc[PeerDt<DT>::VEC];
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+            if (!(used & (1u << i))) continue;
+            peer_fold<DT, OP>(a, acc, s[i], rank_of[i]);
+            if (rank_of[i] + 1 == world) done(base + entry_of[i] * stride, peer_pack<DT>(acc));
+        }
+    }
+    return true;
+}
+
+// Waits for the entries j = peer_tid(), + peer_stride(), ... < end of `results` (vectors a
+// peer pushed) in batches of PEER_MAX_RANKS, loads in flight together, and hands each to
+// done(j, vector). False when the block must stop.
+template <int DT, typename Done>
+__device__ bool peer_take_batches(const PeerArgs& a, const PeerCtx& c, const uint4* results, uint64_t end,
+                                  uint32_t peer, Done done) {
+    const uint64_t stride = peer_stride();
+    for (uint64_t base = peer_tid(); base < end; base += PEER_MAX_RANKS * stride) {
+        uint4 w[PEER_MAX_RANKS];
+        uint32_t used = 0, pending = 0;
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+            const uint64_t j = base + i * stride;
+            if (j >= end) continue;
+            used |= 1u << i;
+            w[i] = peer_ld_volatile(results + j);
+            if (peer_has_sentinel<DT>(w[i])) pending |= 1u << i;
+        }
+        if (pending) {
+            const uint64_t start = peer_now();
+            uint32_t spins = 0;
+            while (pending) {
+#pragma unroll
+                for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+                    if (pending & (1u << i)) {
+                        w[i] = peer_ld_volatile(results + base + i * stride);
+                        if (!peer_has_sentinel<DT>(w[i])) pending &= ~(1u << i);
+                    }
+                }
+                if (pending && peer_give_up(a, c, start, spins, PEER_TIMEOUT_LAMPORT, 1, peer)) return false;
+            }
+        }
+        if (*c.dead) return false;
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i)
+            if (used & (1u << i)) done(base + i * stride, w[i]);
+    }
+    return true;
 }
 
 // Vector v of every rank's staged copy at `off` (L2 loads after a barrier), reduced.
