@@ -1,6 +1,6 @@
 // peer_collectives.cu: every collective over peer memory, written once for every source of
-// that memory (comm-ipc's registered regions, comm-symm's symmetric heap). peer_io.cuh and
-// peer_sync.cuh are prepended by the crate (comm_peer::kernels).
+// that memory (comm-ipc's registered regions, comm-symm's symmetric heap). peer_io.cuh,
+// peer_sync.cuh and peer_lamport.cuh are prepended by the crate (comm_peer::kernels).
 //
 // - Every partition is by 16-byte vector index, the same on every rank and in every step,
 //   so the per-block barrier of block b covers everything block b reads next.

@@ -1,6 +1,6 @@
 // peer_io.cuh: element packing and user-memory access of the peer-memory kernels.
-// The crate prepends it (then peer_sync.cuh) to peer_collectives.cu, so NVRTC needs no
-// include path for it.
+// The crate prepends it (then peer_sync.cuh and peer_lamport.cuh) to peer_collectives.cu,
+// so NVRTC needs no include path for it.
 //
 // Data moves in 16-byte vectors (4 f32 or 8 f16/bf16); arithmetic is always f32, so
 // reduced-precision sums accumulate in f32. f16/bf16 travel as their bits and are

@@ -1,5 +1,5 @@
-//! The kernels of `kernels/peer_collectives.cu` (with `peer_io.cuh` and `peer_sync.cuh`
-//! prepended): the source registration, the argument block, grid sizes, every function
+//! The kernels of `kernels/peer_collectives.cu` (with `peer_io.cuh`, `peer_sync.cuh` and
+//! `peer_lamport.cuh` prepended): the source registration, the argument block, grid sizes, every function
 //! loaded up front, and the one launch path every kernel goes through (so that launch attributes, such
 //! as programmatic dependent launch, are set in one place).
 
@@ -23,6 +23,7 @@ pub const COLLECTIVES: KernelSource = KernelSource {
     source: concat!(
         include_str!("../kernels/peer_io.cuh"),
         include_str!("../kernels/peer_sync.cuh"),
+        include_str!("../kernels/peer_lamport.cuh"),
         include_str!("../kernels/peer_collectives.cu")
     ),
 };

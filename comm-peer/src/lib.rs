@@ -7,7 +7,7 @@
 //! How it works: every rank owns one region that every rank can address ([`layout`]:
 //! barrier flags and signal slots that peers store into, this rank's own call counter and
 //! Lamport bookkeeping, staged inputs, Lamport mailboxes). One NVRTC program
-//! (`kernels/peer_io.cuh`, `kernels/peer_sync.cuh`, `kernels/peer_collectives.cu`) holds
+//! (`kernels/peer_io.cuh`, `peer_sync.cuh`, `peer_lamport.cuh`, `peer_collectives.cu`) holds
 //! every kernel: one-shot/two-shot all-reduce by pull (flag barrier: counters stored with
 //! release, read with acquire, two alternating sets, no peer atomics) or push (Lamport:
 //! sentinel-filled mailboxes, three rotating buffers, no barrier), reduce-scatter,

@@ -1,0 +1,196 @@
+// peer_lamport.cuh: Lamport mailboxes and reductions of the peer-memory kernels: pushing a
+// vector into every peer's mailbox, polling mailboxes until no element holds the sentinel
+// (one vector, or batches of them with every load in flight), and reducing the ranks'
+// vectors in rank order in f32. Prepended (after peer_io.cuh and peer_sync.cuh, whose waits,
+// give-up and call checks it uses) to peer_collectives.cu by the crate.
+
+// Reloads the slots in `pending` (bit i: slot i, at slot(i)) until none holds the sentinel,
+// bounded. `peer_of(i)` names the rank slot i waits for; with `look_at_calls`, a wait that
+// lasts also looks at that rank's call, since a peer making another call may never send
+// this data (say so, not a timeout). False when the block must stop.
+template <int DT, typename Slot, typename PeerOf>
+__device__ __forceinline__ bool peer_settle(const PeerArgs& a, const PeerCtx& c, uint4* s, uint32_t pending,
+                                            Slot slot, PeerOf peer_of, bool look_at_calls, uint32_t phase) {
+    if (!pending) return true;
+    const uint64_t start = peer_now();
+    uint32_t spins = 0;
+    while (true) {
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+            if (pending & (1u << i)) {
+                s[i] = peer_ld_volatile(slot(i));
+                if (!peer_has_sentinel<DT>(s[i])) pending &= ~(1u << i);
+            }
+        }
+        if (!pending) return true;
+        const uint32_t late = peer_of(__ffs(pending) - 1);
+        if (look_at_calls && (spins & 255) == 128 && peer_look_at_call(a, c, late, peer_call_of(a, c, late)) < 0)
+            return false;
+        if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_LAMPORT, phase, late)) return false;
+    }
+}
+
+// Fills w[p] with vector v of every sender p's slot (slot p at src + p * stride), waiting
+// until none holds the sentinel; w[skip] = own. On give-up *c.dead is set.
+template <int DT>
+__device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, const char* src, uint64_t stride,
+                                          uint32_t skip, uint4 own, uint64_t v, uint4* w, uint32_t phase) {
+    const auto slot = [&](int p) { return reinterpret_cast<const uint4*>(src + p * stride) + v; };
+    uint32_t pending = 0;
+#pragma unroll
+    for (int p = 0; p < PEER_MAX_RANKS; ++p) {
+        if (p == (int)skip) {
+            w[p] = own;  // this rank's own contribution (a compile-time index keeps w in registers)
+        } else if (p < (int)a.world) {
+            w[p] = peer_ld_volatile(slot(p));
+            if (peer_has_sentinel<DT>(w[p])) pending |= 1u << p;
+        }
+    }
+    peer_settle<DT>(a, c, w, pending, slot, [](int p) { return (uint32_t)p; }, true, phase);
+}
+
+// The first wait of a push kernel, with the comparison of the calls folded in: thread p
+// loads peer p's call, then every thread with a vector (`have`) waits for vector v of every
+// peer's slot as peer_poll does, and only then is the call judged, so that the comparison
+// costs no round trip of its own (the wait notices a peer making another call, whose data
+// may never come). Every thread of the block calls it (it ends with __syncthreads); false
+// when the block must stop.
+template <int DT>
+__device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, const char* src, uint64_t stride, bool have,
+                                   uint4 own, uint64_t v, uint4* w) {
+    const uint32_t p = threadIdx.x;
+    const bool checker = p < a.world && p != a.rank && !*c.dead;
+    uint64_t call[PEER_CALL_WORDS];
+    if (checker) peer_load_call(peer_call_of(a, c, p), call);
+    if (have) peer_poll<DT>(a, c, src, stride, a.rank, own, v, w, 0);
+    if (checker && !*c.dead && peer_judge_call(a, c, p, call) == 0) peer_await_call(a, c, p, peer_call_of(a, c, p));
+    __syncthreads();
+    return !*c.dead;
+}
+
+// Vector v of this rank's data into slot `me` (at slot0 + me * slot_bytes) of every peer's
+// mailbox, starting with the next rank, so that the ranks do not all write rank 0 first.
+__device__ __forceinline__ void peer_push(const PeerArgs& a, const PeerCtx& c, uint64_t slot0, uint64_t slot_bytes,
+                                          uint64_t v, uint4 w) {
+    for (uint32_t k = 1; k < a.world; ++k) {
+        const uint32_t p = (a.rank + k) % a.world;
+        peer_st_volatile(reinterpret_cast<uint4*>(c.region[p] + slot0 + a.rank * slot_bytes) + v, w);
+    }
+}
+
+// One step of the rank-order fold in f32: rank 0's vector starts it, each later rank's is
+// combined in, and the mean divides once the last rank is in. Code that meets the ranks'
+// vectors one at a time folds them in rank order and gets peer_reduce's bits.
+template <int DT, int OP>
+__device__ __forceinline__ void peer_fold(const PeerArgs& a, float* acc, const uint4& w, uint32_t p) {
+    constexpr int VEC = PeerDt<DT>::VEC;
+    float x[VEC];
+    peer_unpack<DT>(w, x);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) acc[e] = p == 0 ? x[e] : peer_combine<OP>(acc[e], x[e]);
+    if constexpr (OP == COMM_AVG) {
+        if (p + 1 == a.world) {
+            const float n = (float)a.world;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[e] = acc[e] / n;
+        }
+    }
+}
+
+// Reduces w[0..world) in rank order, in f32.
+template <int DT, int OP> __device__ __forceinline__ uint4 peer_reduce(const PeerArgs& a, const uint4* w) {
+    float acc[PeerDt<DT>::VEC];
+#pragma unroll
+    for (int p = 0; p < PEER_MAX_RANKS; ++p)
+        if (p < (int)a.world) peer_fold<DT, OP>(a, acc, w[p], p);
+    return peer_pack<DT>(acc);
+}
+
+// Waits for entries j = first, first + peer_stride(), ... < end of every peer's slot of a
+// mailbox (slot p at inbox + p * slot_bytes) and hands each entry's reduction, in rank order,
+// to done(j, reduced); this rank's contribution to entry j is vector user(j) of its input.
+// Entries go in batches of PEER_MAX_RANKS / world (4 with two ranks) whose loads from every
+// peer are in flight together, so that a thread waits one memory round trip per batch, not
+// one per entry: through host memory a round trip takes microseconds, and over NVLink more
+// loads in flight carry more bandwidth. Slot i of a batch holds entry i / world of rank
+// i % world, so that slot order is rank order (peer_fold). False when the block must stop.
+template <int DT, int OP, typename User, typename Done>
+__device__ bool peer_reduce_batches(const PeerArgs& a, const PeerCtx& c, const char* inbox, uint64_t slot_bytes,
+                                    uint64_t first, uint64_t end, User user, Done done) {
+    const bool aligned = a.aligned != 0;
+    const uint32_t world = a.world, per = PEER_MAX_RANKS / world;
+    const uint64_t stride = peer_stride();
+    uint32_t entry_of[PEER_MAX_RANKS], rank_of[PEER_MAX_RANKS];
+#pragma unroll
+    for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+        entry_of[i] = i / world;
+        rank_of[i] = i % world;
+    }
+    for (uint64_t base = first; base < end; base += per * stride) {
+        const auto slot = [&](int i) {
+            return reinterpret_cast<const uint4*>(inbox + rank_of[i] * slot_bytes) + base + entry_of[i] * stride;
+        };
+        uint4 s[PEER_MAX_RANKS];
+        uint32_t used = 0, pending = 0;
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+            const uint64_t j = base + entry_of[i] * stride;
+            if (entry_of[i] >= per || j >= end) continue;
+            used |= 1u << i;
+            if (rank_of[i] == a.rank) {
+                s[i] = peer_sanitize<DT>(peer_load_user<DT>(a.input, user(j), a.count, aligned));
+            } else {
+                s[i] = peer_ld_volatile(slot(i));
+                if (peer_has_sentinel<DT>(s[i])) pending |= 1u << i;
+            }
+        }
+        if (!peer_settle<DT>(a, c, s, pending, slot, [&](int i) { return rank_of[i]; }, true, 0)) return false;
+        // Another thread of the block may have given up (a timeout): then nothing is written.
+        if (*c.dead) return false;
+        float acc[PeerDt<DT>::VEC];
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+            if (!(used & (1u << i))) continue;
+            peer_fold<DT, OP>(a, acc, s[i], rank_of[i]);
+            if (rank_of[i] + 1 == world) done(base + entry_of[i] * stride, peer_pack<DT>(acc));
+        }
+    }
+    return true;
+}
+
+// Waits for the entries j = peer_tid(), + peer_stride(), ... < end of `results` (vectors a
+// peer pushed) in batches of PEER_MAX_RANKS, loads in flight together, and hands each to
+// done(j, vector). False when the block must stop.
+template <int DT, typename Done>
+__device__ bool peer_take_batches(const PeerArgs& a, const PeerCtx& c, const uint4* results, uint64_t end,
+                                  uint32_t peer, Done done) {
+    const uint64_t stride = peer_stride();
+    for (uint64_t base = peer_tid(); base < end; base += PEER_MAX_RANKS * stride) {
+        const auto slot = [&](int i) { return results + base + i * stride; };
+        uint4 w[PEER_MAX_RANKS];
+        uint32_t used = 0, pending = 0;
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+            if (base + i * stride >= end) continue;
+            used |= 1u << i;
+            w[i] = peer_ld_volatile(slot(i));
+            if (peer_has_sentinel<DT>(w[i])) pending |= 1u << i;
+        }
+        if (!peer_settle<DT>(a, c, w, pending, slot, [&](int) { return peer; }, false, 1)) return false;
+        if (*c.dead) return false;
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i)
+            if (used & (1u << i)) done(base + i * stride, w[i]);
+    }
+    return true;
+}
+
+// Vector v of every rank's staged copy at `off` (L2 loads after a barrier), reduced.
+template <int DT, int OP>
+__device__ __forceinline__ uint4 peer_reduce_staged(const PeerArgs& a, const PeerCtx& c, uint64_t off, uint64_t v) {
+    uint4 w[PEER_MAX_RANKS];
+#pragma unroll
+    for (int p = 0; p < PEER_MAX_RANKS; ++p)
+        if (p < (int)a.world) w[p] = peer_ld_cg(reinterpret_cast<const uint4*>(c.region[p] + off) + v);
+    return peer_reduce<DT, OP>(a, w);
+}
