@@ -465,6 +465,10 @@ __device__ void peer_reset_old_mailboxes(const PeerArgs& a, const PeerCtx& c) {
     const uint64_t used_recv = c.used[PEER_MB_RECV * 3 + old] / 16;
     const uint64_t used_res = c.used[PEER_MB_RESULT * 3 + old] / 16;
     for (uint32_t p = 0; p < a.world; ++p) {
+        // No rank sends into its own slot (its contribution comes from its input), so that
+        // slot still holds the sentinel: resetting it would only cost writes, which cross
+        // PCIe where the regions are host memory.
+        if (p == a.rank) continue;
         uint4* one = reinterpret_cast<uint4*>(base + a.off_push + ((uint64_t)old * a.world + p) * a.lcap);
         for (uint64_t v = peer_tid(); v < used_one; v += peer_stride()) one[v] = ones;
         uint4* recv = reinterpret_cast<uint4*>(base + a.off_recv + ((uint64_t)old * a.world + p) * a.slice_cap);
