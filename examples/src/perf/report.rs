@@ -61,6 +61,15 @@ pub struct Timing {
     pub wrong: Option<u64>,
     /// Whether every rank's result had the same bits; `None` when not checked.
     pub identical: Option<bool>,
+    /// Eager GPU-memory rows: time per call of the timed calls enqueued back to back
+    /// between two events (nccl-tests' way: consecutive calls may overlap, e.g. by
+    /// programmatic dependent launch), maximum over ranks; `time_us` frames each call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub back_to_back_us: Option<f64>,
+    /// The host's share of those: wall time per call to enqueue them, maximum over ranks.
+    /// Close to `back_to_back_us`, the calls are bound by the host, not the GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_us: Option<f64>,
 }
 
 impl Timing {

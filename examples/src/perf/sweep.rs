@@ -395,16 +395,22 @@ struct Measured {
     median_us: f64,
     wrong: u64,
     fingerprint: u64,
+    /// Eager device rows: per call back to back, and the host's enqueue time per call
+    /// (NaN: not measured).
+    back_to_back_us: f64,
+    host_us: f64,
 }
 
 impl Measured {
-    const BYTES: usize = 24;
+    const BYTES: usize = 40;
 
     fn unchecked(median_us: f64) -> Self {
         Measured {
             median_us,
             wrong: 0,
             fingerprint: 0,
+            back_to_back_us: f64::NAN,
+            host_us: f64::NAN,
         }
     }
 
@@ -412,7 +418,9 @@ impl Measured {
         let mut out = [0; Self::BYTES];
         out[..8].copy_from_slice(&self.median_us.to_le_bytes());
         out[8..16].copy_from_slice(&self.wrong.to_le_bytes());
-        out[16..].copy_from_slice(&self.fingerprint.to_le_bytes());
+        out[16..24].copy_from_slice(&self.fingerprint.to_le_bytes());
+        out[24..32].copy_from_slice(&self.back_to_back_us.to_le_bytes());
+        out[32..].copy_from_slice(&self.host_us.to_le_bytes());
         out
     }
 
@@ -429,6 +437,8 @@ impl Measured {
             median_us: f64::from_le_bytes(word(0)?),
             wrong: u64::from_le_bytes(word(1)?),
             fingerprint: u64::from_le_bytes(word(2)?),
+            back_to_back_us: f64::from_le_bytes(word(3)?),
+            host_us: f64::from_le_bytes(word(4)?),
         })
     }
 }
@@ -561,9 +571,9 @@ impl Run<'_> {
             self.call(in_place, send, recv)?;
             let out: &[T] = if in_place { send } else { recv };
             measured.push(Measured {
-                median_us,
                 wrong: inputs.count_wrong(out),
                 fingerprint: fingerprint(BufferRef::host(out).host_bytes().unwrap_or_default()),
+                ..Measured::unchecked(median_us)
             });
         }
         Ok((iters, measured))
@@ -627,6 +637,13 @@ impl Run<'_> {
                 })
                 .collect::<Result<Vec<_>>>()?;
             let time_us = got.iter().map(|m| m.median_us).fold(0.0, f64::max);
+            // NaN (not measured) on any rank leaves the figure out.
+            let slowest = |f: fn(&Measured) -> f64| {
+                let v: Vec<f64> = got.iter().map(|m| f(m)).collect();
+                v.iter()
+                    .all(|x| x.is_finite())
+                    .then(|| v.iter().copied().fold(0.0, f64::max))
+            };
             let alg = algbw(point.bytes, time_us);
             Ok(Timing {
                 time_us,
@@ -634,6 +651,8 @@ impl Run<'_> {
                 busbw: busbw(alg, ranks),
                 wrong: checked.then(|| got.iter().map(|m| m.wrong).sum()),
                 identical: checked.then(|| got.iter().all(|m| m.fingerprint == got[0].fingerprint)),
+                back_to_back_us: slowest(|m| m.back_to_back_us),
+                host_us: slowest(|m| m.host_us),
             })
         };
         let (mut out_of_place, mut in_place) = (None, None);
@@ -750,5 +769,30 @@ mod tests {
         assert_eq!(per_call_us(us(90), 20), 4.5);
         assert_eq!(per_call_us(Duration::from_nanos(1001), 3), 0.334);
         assert_eq!(per_call_us(us(5), 0), 5.0);
+    }
+
+    #[test]
+    fn measurements_travel_whole_and_unmeasured_figures_stay_unmeasured() {
+        let m = Measured {
+            median_us: 8.25,
+            wrong: 3,
+            fingerprint: 0xfeed,
+            back_to_back_us: 4.5,
+            host_us: 2.125,
+        };
+        let back = Measured::decode(&m.encode()).unwrap();
+        assert_eq!(
+            (
+                back.median_us,
+                back.wrong,
+                back.fingerprint,
+                back.back_to_back_us,
+                back.host_us
+            ),
+            (8.25, 3, 0xfeed, 4.5, 2.125)
+        );
+        let plain = Measured::decode(&Measured::unchecked(1.0).encode()).unwrap();
+        assert!(plain.back_to_back_us.is_nan() && plain.host_us.is_nan());
+        assert!(Measured::decode(&m.encode()[..24]).is_err());
     }
 }

@@ -100,6 +100,8 @@ mod tests {
                 busbw: 0.0,
                 wrong: None,
                 identical: None,
+                back_to_back_us: None,
+                host_us: None,
             }),
             in_place: None,
             choice: None,

@@ -4,7 +4,9 @@
 //! ([`PatternKernels`](comm_core::cuda::PatternKernels)), as nccl-tests does, so a sweep
 //! to gigabytes never copies data to the host. Each timed call is framed by two CUDA
 //! events on the stream; a size's time is the median of those per-call GPU times, taken
-//! after the stream has drained (bounded by the bootstrap's timeout). In graph mode the
+//! after the stream has drained (bounded by the bootstrap's timeout). Eager rows also time
+//! the calls enqueued back to back between two events, as nccl-tests does, with the host's
+//! enqueue time beside (JSON `back_to_back_us`, `host_us`). In graph mode the
 //! events frame replays of a graph of the timed calls instead ([`super::graph`]). In place
 //! means the send buffer is also the receive buffer. The check runs on fresh data with the
 //! output poisoned (all bits set: NaN, -1 or 255; out of place only, since in place the
@@ -113,9 +115,12 @@ impl Run<'_> {
             let calls = |send: &mut DeviceOwned, recv: &mut DeviceOwned, count: usize| {
                 (0..count).try_for_each(|_| self.call_device(in_place, send, recv, n))
             };
+            let mut back_to_back = (f64::NAN, f64::NAN);
             let (median_us, graph) = match self.launch {
                 Launch::Eager => {
                     let call = self.median_each(memory, &events, || calls(send, recv, 1))?;
+                    back_to_back =
+                        self.back_to_back(memory, &events, iters, || calls(send, recv, iters))?;
                     (per_call_us(call, 1), None)
                 }
                 Launch::Graph => {
@@ -127,8 +132,13 @@ impl Run<'_> {
                     )
                 }
             };
+            let timed = Measured {
+                back_to_back_us: back_to_back.0,
+                host_us: back_to_back.1,
+                ..Measured::unchecked(median_us)
+            };
             if !cfg.check {
-                measured.push(Measured::unchecked(median_us));
+                measured.push(timed);
                 continue;
             }
             kernels.fill(send.view_mut(0, n)?, seed(2), rank as u32)?;
@@ -146,9 +156,9 @@ impl Run<'_> {
             let wrong = kernels.check_all_reduce(out.view(0, n)?, cfg.op, seed(2), ranks as u32)?;
             let bytes = out.read()?;
             measured.push(Measured {
-                median_us,
                 wrong,
                 fingerprint: fingerprint(&bytes[..n * cfg.dtype.size()]),
+                ..timed
             });
         }
         Ok((iters, measured))
@@ -187,6 +197,28 @@ impl Run<'_> {
         }
         self.drain(memory)?;
         Ok(median(&mut event_times(events)?))
+    }
+
+    /// `iters` calls enqueued back to back between two of `events` (nccl-tests' way), after
+    /// the ranks line up: (GPU µs per call, host µs per call to enqueue them).
+    fn back_to_back(
+        &self,
+        memory: &DeviceMemory,
+        events: &[CudaEvent],
+        iters: usize,
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<(f64, f64)> {
+        self.drain(memory)?;
+        self.comm.barrier()?;
+        let stream = memory.stream();
+        events[0].record(stream).map_err(driver_error)?;
+        let start = Instant::now();
+        enqueue()?;
+        let host = start.elapsed();
+        events[1].record(stream).map_err(driver_error)?;
+        self.drain(memory)?;
+        let gpu = event_times(&events[..2])?[0];
+        Ok((per_call_us(gpu, iters), per_call_us(host, iters)))
     }
 
     /// Waits for the stream, bounded like every other wait of the job.
