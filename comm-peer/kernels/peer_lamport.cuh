@@ -65,6 +65,7 @@ __device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, const ch
     if (have) peer_poll<DT>(a, c, src, stride, a.rank, own, v, w, 0);
     if (checker && !*c.dead && peer_judge_call(a, c, p, call) == 0) peer_await_call(a, c, p, peer_call_of(a, c, p));
     __syncthreads();
+    peer_trace_waited(a, c);
     return !*c.dead;
 }
 

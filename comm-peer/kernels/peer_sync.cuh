@@ -60,6 +60,7 @@
 
 #define PEER_MAX_RANKS 8
 #define PEER_MAX_BLOCKS 128
+#define PEER_TRACE_CALLS 4096  // records of the trace ring (comm_peer::trace)
 #define PEER_MAX_THREADS 512
 #define PEER_CHANNELS 4
 
@@ -116,6 +117,7 @@ struct PeerArgs {
     const PeerTable* inputs;  // zero-copy: every rank's registered input buffer; else null
     uint32_t* status;         // host-mapped: [code, rank, phase, peer, mine[7], theirs[7]]
     PeerState* state;         // this rank's bookkeeping, in its device's memory
+    uint64_t* trace;          // diagnostic ring of PEER_TRACE_CALLS records of 8 words, or null
     uint64_t in_off;          // zero-copy: byte offset of the input in its registered buffer
     uint64_t count;           // elements (all-reduce, fused: rows * hidden); bytes for gather/bcast
     uint64_t cap;             // bytes of one staging half (a multiple of 16)
@@ -189,8 +191,14 @@ struct PeerCtx {
     const uint64_t* used;      // shared: PeerState.used as the kernel started, [kind * 3 + buffer]
     PeerState* state;
     volatile int* dead;        // shared: set once this block gave up
+    uint64_t* times;           // shared, traced kernels: entry, prologue done, first wait done
     uint32_t seq;
 };
+
+// Traced kernels: the end of the first wait for peers (their data, or the first barrier).
+__device__ __forceinline__ void peer_trace_waited(const PeerArgs& a, const PeerCtx& c) {
+    if (a.trace != nullptr && threadIdx.x == 0 && c.times[2] == 0) c.times[2] = peer_now();
+}
 
 __device__ __forceinline__ PeerPad* peer_pad(const PeerCtx& c, uint32_t p) {
     return reinterpret_cast<PeerPad*>(c.region[p]);
@@ -396,6 +404,7 @@ __device__ bool peer_agreeing_barrier(const PeerArgs& a, const PeerCtx& c) {
         }
     }
     __syncthreads();
+    peer_trace_waited(a, c);
     return !*c.dead;
 }
 
@@ -430,6 +439,8 @@ __device__ __forceinline__ void peer_let_next_start() {
     __shared__ uint64_t s_used[9];                                                                   \
     __shared__ uint32_t s_seq;                                                                       \
     __shared__ int s_dead;                                                                           \
+    __shared__ uint64_t s_times[3];                                                                  \
+    const uint64_t entry_ = a.trace != nullptr ? peer_now() : 0;                                     \
     PeerState* s_state = a.state;                                                                    \
     if (threadIdx.x < PEER_MAX_RANKS) {                                                              \
         const int p_ = threadIdx.x;                                                                  \
@@ -447,10 +458,14 @@ __device__ __forceinline__ void peer_let_next_start() {
         s_seq = seq_;                                                                                \
         s_dead = abort_ ? 1 : 0;                                                                     \
         _Pragma("unroll") for (int k_ = 0; k_ < 9; ++k_) s_used[k_] = used_[k_];                     \
+        s_times[0] = entry_;                                                                         \
+        s_times[2] = 0;                                                                              \
     }                                                                                                \
     __syncthreads();                                                                                 \
-    PeerCtx c{s_region, s_input, s_used, s_state, &s_dead, s_seq};                                  \
+    if (a.trace != nullptr && threadIdx.x == 0) s_times[1] = peer_now();                             \
+    PeerCtx c{s_region, s_input, s_used, s_state, &s_dead, s_times, s_seq};                         \
     if (*c.dead) return;
+
 
 // Resets (to the sentinel) this rank's mailboxes of buffer (seq+2)%3, the previous call's,
 // as far as that call wrote them. They need no fence: this rank has had every peer's data of
@@ -497,4 +512,15 @@ __device__ void peer_epilogue(const PeerArgs& a, const PeerCtx& c, uint64_t ones
     // and one thread storing them one after another cost ~10 ns each (1.4 us for one block).
     for (uint32_t b = blockIdx.x + threadIdx.x * gridDim.x; b < PEER_MAX_BLOCKS; b += gridDim.x * blockDim.x)
         c.state->seq[b] = c.seq + 1u;
+    // Traced: block 0's record of this call (call number + 1, so that 0 marks an empty one).
+    if (a.trace != nullptr && threadIdx.x == 0 && blockIdx.x == 0) {
+        uint64_t* r = a.trace + (uint64_t)(c.seq % PEER_TRACE_CALLS) * 8;
+        r[0] = (uint64_t)c.seq + 1u;
+        r[1] = c.times[0];
+        r[2] = c.times[1];
+        r[3] = c.times[2];
+        r[4] = peer_now();
+        r[5] = gridDim.x;
+        r[6] = blockDim.x;
+    }
 }

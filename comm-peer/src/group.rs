@@ -16,6 +16,7 @@ use crate::kernels::{Kernels, PeerArgs};
 use crate::layout::{CHANNELS, HEADER_BYTES, MAX_RANKS, STATE_BYTES};
 use crate::source::PeerSource;
 use crate::status::Status;
+use crate::trace::Trace;
 
 /// Host waits get this much longer than the kernels' own bound, so that a kernel that gives
 /// up is reported as a kernel timeout rather than a host one.
@@ -30,6 +31,7 @@ pub struct Ready {
     kernels: Kernels,
     status: Status,
     state: DeviceBuffer,
+    trace: Option<Trace>,
 }
 
 impl Ready {
@@ -46,6 +48,7 @@ impl Ready {
             kernels: Kernels::load(ctx)?,
             status: Status::new(ctx)?,
             state: zeroed_state(ctx)?,
+            trace: Trace::from_env(ctx)?,
         })
     }
 
@@ -64,6 +67,7 @@ pub struct PeerGroup {
     kernels: Kernels,
     status: Status,
     state: DeviceBuffer,
+    trace: Option<Trace>,
     timeout: Duration,
     dead: RefCell<Option<String>>,
 }
@@ -103,6 +107,7 @@ impl PeerGroup {
             kernels,
             status: ready.status,
             state: ready.state,
+            trace: ready.trace.map(|t| t.for_rank(rank)),
             timeout,
             dead: RefCell::new(None),
         }
@@ -203,6 +208,7 @@ impl PeerGroup {
             regions: self.source.table(),
             status: self.status.device_ptr(),
             state: self.state.device_ptr(),
+            trace: self.trace.as_ref().map_or(0, Trace::device_ptr),
             timeout_ns: self.timeout.as_nanos().min(u128::from(u64::MAX)) as u64,
             rank: self.rank as u32,
             world: self.world as u32,

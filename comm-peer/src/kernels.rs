@@ -48,6 +48,7 @@ pub(crate) struct PeerArgs {
     pub inputs: u64,
     pub status: u64,
     pub state: u64,
+    pub trace: u64,
     pub in_off: u64,
     pub count: u64,
     pub cap: u64,

@@ -49,6 +49,7 @@ mod registered;
 mod scratch;
 mod source;
 mod status;
+mod trace;
 mod zero_copy;
 
 pub use algorithm::Algorithm;
