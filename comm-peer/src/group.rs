@@ -319,9 +319,9 @@ fn gpu_scope(sharing: usize, world: usize, host_memory: bool) -> bool {
     sharing == world && !host_memory
 }
 
-/// Zeroes the header (flags, signal and call slots) of the region at `base` and fills `sentinel` (a
-/// range of region offsets) with the Lamport sentinel; returns once done, before any peer
-/// can see the region.
+/// Zeroes the header (flags, signal and call slots) of the region at `base` and fills
+/// `sentinel` (a range of region offsets) with the Lamport sentinel; returns once done,
+/// before any peer can see the region.
 pub fn init_region(
     ctx: &Arc<CudaContext>,
     base: u64,

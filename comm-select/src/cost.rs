@@ -58,10 +58,11 @@ impl FabricParams {
     pub fn for_fabric(fabric: Fabric) -> Self {
         match fabric {
             // H100/H200 SXM: 18 NVLink4 links, ~450 GB/s per direction, NVSwitch non-blocking.
-            // Calibrated on 2 x H200 (BENCHMARKS.md, "Cost model, grids and tuning table"),
-            // CUDA graphs, bf16: our one-shot push takes 3.7 us up to 42 KB and carries
-            // ~240 GB/s from 16 MiB (128 blocks); NCCL takes 5.8 us for small messages, 13.7
-            // at 1 MiB (low-latency protocol), then 31.9 at 4 MiB .. 250 at 64 MiB (bulk).
+            // Calibrated on 2 x H200 (BENCHMARKS.md, "... 128-block grids, recalibrated cost
+            // model", 2026-11-30), CUDA graphs, bf16: our one-shot push takes 3.7 us up to
+            // 42 KB and carries ~240 GB/s from 16 MiB (128 blocks); NCCL takes 5.8 us for
+            // small messages, 13.7 at 1 MiB (low-latency protocol), then 31.9 at 4 MiB .. 250
+            // at 64 MiB (bulk).
             Fabric::NvLink => FabricParams {
                 launch_us: 4.0,
                 barrier_us: 1.5,

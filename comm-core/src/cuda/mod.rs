@@ -44,3 +44,14 @@ pub use stream::raw_stream;
 
 /// The `cudarc` this crate is built against, so that dependants use the same types.
 pub use cudarc;
+
+/// The parameter array of a kernel launch (`cuLaunchKernel`'s `kernelParams`) from mutable
+/// locals, one per kernel parameter, in order: `kernel_params![ptr, count, seed]`. Each
+/// local must have the parameter's exact type (`u64` for a pointer or a 64-bit integer,
+/// `u32`, `f32`) and outlive the launch, which copies the values.
+#[macro_export]
+macro_rules! kernel_params {
+    ($($arg:ident),* $(,)?) => {
+        [$(&mut $arg as *mut _ as *mut ::std::ffi::c_void),*]
+    };
+}

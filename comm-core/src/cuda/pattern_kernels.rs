@@ -58,12 +58,7 @@ impl PatternKernels {
         let mut ptr = buf.addr() as u64;
         let mut count = buf.len() as u64;
         let (mut seed, mut rank) = (seed, rank);
-        let mut params = [
-            &mut ptr as *mut u64 as *mut c_void,
-            &mut count as *mut u64 as *mut c_void,
-            &mut seed as *mut u64 as *mut c_void,
-            &mut rank as *mut u32 as *mut c_void,
-        ];
+        let mut params = crate::kernel_params![ptr, count, seed, rank];
         let f = &self.fill[dtype_code(buf.dtype()) as usize];
         self.launch(f, buf.len(), stream, &mut params)
     }
@@ -90,14 +85,7 @@ impl PatternKernels {
         let mut count = buf.len() as u64;
         let (mut seed, mut world, mut op) = (seed, world, op_code(op));
         let mut wrong = counter.device_ptr();
-        let mut params = [
-            &mut ptr as *mut u64 as *mut c_void,
-            &mut count as *mut u64 as *mut c_void,
-            &mut seed as *mut u64 as *mut c_void,
-            &mut world as *mut u32 as *mut c_void,
-            &mut op as *mut u32 as *mut c_void,
-            &mut wrong as *mut u64 as *mut c_void,
-        ];
+        let mut params = crate::kernel_params![ptr, count, seed, world, op, wrong];
         let f = &self.check[dtype_code(buf.dtype()) as usize];
         self.launch(f, buf.len(), stream, &mut params)?;
         let mut out = [0u64; 1];

@@ -14,7 +14,6 @@
 //! residual chain must then match the f64 reference bit for bit, and only the normalised
 //! output, computed in f32 and rounded once, gets a tolerance.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use comm_core::cuda::cudarc::driver::{CudaContext, sys};
@@ -364,15 +363,7 @@ impl NormKernel {
         let mut rows = (count / hidden) as u64;
         let mut hidden = hidden as u64;
         let mut eps = EPS;
-        let mut params = [
-            &mut a as *mut u64 as *mut c_void,
-            &mut r as *mut u64 as *mut c_void,
-            &mut o as *mut u64 as *mut c_void,
-            &mut w as *mut u64 as *mut c_void,
-            &mut rows as *mut u64 as *mut c_void,
-            &mut hidden as *mut u64 as *mut c_void,
-            &mut eps as *mut f32 as *mut c_void,
-        ];
+        let mut params = comm_core::kernel_params![a, r, o, w, rows, hidden, eps];
         let (blocks, threads) = launch_shape(rows as usize, hidden as usize);
         // SAFETY: the parameters match the kernel's (u64 reduced, residual, out, weight,
         // rows, hidden, float eps); the buffers hold the rows checked above; the threads are

@@ -91,13 +91,7 @@ impl ChainKernel {
         let (mut xp, mut yp) = (x.buffer().device_ptr(), y.buffer().device_ptr());
         let mut n = x.len().min(y.len()) as u64;
         let (mut div, mut add) = (div, add);
-        let mut params = [
-            &mut xp as *mut u64 as *mut c_void,
-            &mut yp as *mut u64 as *mut c_void,
-            &mut n as *mut u64 as *mut c_void,
-            &mut div as *mut f32 as *mut c_void,
-            &mut add as *mut f32 as *mut c_void,
-        ];
+        let mut params = comm_core::kernel_params![xp, yp, n, div, add];
         // A few blocks per SM at most: the kernel is tiny, its launch is what costs.
         let blocks = n.div_ceil(u64::from(THREADS)).clamp(1, 1024) as u32;
         // SAFETY: the parameters match the kernel's (u64 x, u64 y, u64 n, float div,
