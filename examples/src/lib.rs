@@ -18,7 +18,9 @@
 pub mod backends;
 pub mod gpu;
 pub mod graph;
+pub mod host_probe;
 pub mod launch;
+pub mod launch_cost;
 pub mod perf;
 pub mod step;
 
@@ -32,7 +34,12 @@ pub fn all_kernel_sources() -> Vec<(&'static str, KernelSource)> {
         ("comm-peer", comm_peer::KERNELS),
         (
             "comm-examples",
-            &[step::gpu::STEP_CHAIN, step::fused::ADD_RMSNORM],
+            &[
+                step::gpu::STEP_CHAIN,
+                step::fused::ADD_RMSNORM,
+                launch_cost::LAUNCH_PROBE,
+                host_probe::HOST_PROBE,
+            ],
         ),
     ];
     lists

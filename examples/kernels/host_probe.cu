@@ -1,0 +1,99 @@
+// host_probe.cu: the kernels of host-probe, which measures what a GPU pays to reach pinned
+// host memory mapped into it (the memory of comm-symm's host backing, for GPUs without peer
+// access): one load's round trip, reading and writing a message with a given grid, and one
+// flag's trip from one GPU to another through host memory.
+
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u64 probe_now() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ u64 probe_ld(const u64* p) {
+    u64 v;
+    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ uint4 probe_ld4(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void probe_st(u64* p, u64 v) {
+    asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+
+// One thread follows `steps` links of the chain in `chain` (chain[i] is the index of the
+// next word): each load waits for the one before. times[0] = ns for all of them; the last
+// index goes to times[1] so that the loads cannot be dropped.
+extern "C" __global__ void host_probe_chase(const u64* chain, u64 steps, u64* times) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    u64 i = 0;
+    const u64 t0 = probe_now();
+    for (u64 s = 0; s < steps; ++s) i = probe_ld(chain + i);
+    times[0] = probe_now() - t0;
+    times[1] = i;
+}
+
+// Every thread of the grid reads (write == 0) or writes (write != 0) the 16-byte vectors
+// tid, tid + stride, ... < nvec of `buf`, as a one-shot all-reduce reads its peers' data.
+// Each block records its start and end (times[2 * block], times[2 * block + 1]) so that the
+// host can take the grid's span without the launch; a read's xor goes to sink.
+extern "C" __global__ void host_probe_move(uint4* buf, u64 nvec, int write, u64* times, uint4* sink) {
+    __syncthreads();
+    const u64 t0 = probe_now();
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    uint4 acc = make_uint4(0, 0, 0, 0);
+    if (write) {
+        const uint4 w = make_uint4(threadIdx.x, blockIdx.x, 1, 2);
+        for (u64 v = (u64)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += stride)
+            asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};"
+                         :: "l"(buf + v), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w) : "memory");
+        __threadfence_system();
+    } else {
+        for (u64 v = (u64)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += stride) {
+            const uint4 x = probe_ld4(buf + v);
+            acc.x ^= x.x; acc.y ^= x.y; acc.z ^= x.z; acc.w ^= x.w;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        times[2 * blockIdx.x] = t0;
+        times[2 * blockIdx.x + 1] = probe_now();
+    }
+    if (acc.x == 0x9e3779b9u) sink[0] = acc;
+}
+
+// A flag bounced between two GPUs through host memory, `rounds` times: the GPU with
+// first != 0 writes round r into `out` and waits to see r in `in`; the other waits for r in
+// `in` and writes it back into `out`. times[0] = ns for all rounds on each side; a wait that
+// lasts past `limit_ns` stops with times[1] = the round it gave up in (0: none).
+extern "C" __global__ void host_probe_pingpong(u64* out, const u64* in, u64 rounds, int first, u64 limit_ns,
+                                               u64* times) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    times[1] = 0;
+    const u64 t0 = probe_now();
+    for (u64 r = 1; r <= rounds; ++r) {
+        if (first) {
+            probe_st(out, r);
+            __threadfence_system();
+        }
+        while (probe_ld(in) != r) {
+            if (probe_now() - t0 > limit_ns) {
+                times[1] = r;
+                times[0] = probe_now() - t0;
+                return;
+            }
+        }
+        if (!first) {
+            probe_st(out, r);
+            __threadfence_system();
+        }
+    }
+    times[0] = probe_now() - t0;
+}

@@ -1,0 +1,111 @@
+//! `host-probe`: what a GPU pays to reach mapped host memory (see
+//! `comm_examples::host_probe`).
+//!
+//! ```text
+//! host-probe [--device N] [--sizes 8K,43008,256K,1M] [--blocks 1,2,4,8,16,32] [--reps 50]
+//! ```
+
+use std::process::ExitCode;
+
+use comm_examples::host_probe::measure;
+use comm_examples::perf::args::parse_sizes;
+
+const USAGE: &str = "usage: host-probe [--device N] [--sizes LIST] [--blocks LIST] [--reps N]";
+
+struct Options {
+    device: usize,
+    sizes: Vec<usize>,
+    blocks: Vec<u32>,
+    reps: usize,
+}
+
+fn parse() -> Result<Option<Options>, String> {
+    let mut o = Options {
+        device: 0,
+        sizes: vec![8 << 10, 43008, 256 << 10, 1 << 20],
+        blocks: vec![1, 2, 4, 8, 16, 32],
+        reps: 50,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        if flag == "-h" || flag == "--help" {
+            return Ok(None);
+        }
+        let value = args.next().ok_or(format!("{flag} needs a value"))?;
+        let number = |v: &str| {
+            v.parse::<usize>()
+                .map_err(|_| format!("{flag}: `{v}` is not a number"))
+        };
+        match flag.as_str() {
+            "--device" => o.device = number(&value)?,
+            "--reps" => o.reps = number(&value)?.max(1),
+            "--sizes" => {
+                o.sizes = parse_sizes(&value, None)
+                    .map_err(|e| e.to_string())?
+                    .into_iter()
+                    .map(|b| b as usize)
+                    .collect()
+            }
+            "--blocks" => {
+                o.blocks = value
+                    .split(',')
+                    .map(|b| number(b).map(|n| n as u32))
+                    .collect::<Result<_, _>>()?
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(Some(o))
+}
+
+fn main() -> ExitCode {
+    let o = match parse() {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("host-probe: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let report = match measure(o.device, &o.sizes, &o.blocks, o.reps) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("host-probe: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "# host-probe: GPU {}, pinned host memory mapped into it; GPU times, medians of {}",
+        o.device, o.reps
+    );
+    println!(
+        "one dependent load: host memory {:.0} ns, device memory {:.0} ns",
+        report.host_load_ns, report.device_load_ns
+    );
+    match report.one_way_ns {
+        Some(ns) => println!(
+            "a flag from one GPU to the other through host memory: {ns:.0} ns (half a round)"
+        ),
+        None => println!("flag between GPUs: skipped (one GPU)"),
+    }
+    println!(
+        "{:>10} {:>7} {:>10} {:>10} {:>11} {:>11}",
+        "bytes", "blocks", "read us", "write us", "read GB/s", "write GB/s"
+    );
+    for m in report.moves {
+        let gbs = |us: f64| m.bytes as f64 / us / 1e3;
+        println!(
+            "{:>10} {:>7} {:>10.2} {:>10.2} {:>11.1} {:>11.1}",
+            m.bytes,
+            m.blocks,
+            m.read_us,
+            m.write_us,
+            gbs(m.read_us),
+            gbs(m.write_us)
+        );
+    }
+    ExitCode::SUCCESS
+}

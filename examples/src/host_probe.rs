@@ -1,0 +1,319 @@
+//! `host-probe`: what a GPU pays to reach pinned host memory mapped into it, the memory
+//! comm-symm's host backing runs on where GPUs have no peer access.
+//!
+//! Three measurements, from the kernels of `host_probe.cu`, each timed on the GPU
+//! (`%globaltimer`), so that no launch is counted:
+//! - **chase**: one thread follows a chain of dependent loads through host memory (and,
+//!   for comparison, through device memory): the round trip of one load;
+//! - **move**: a grid of `blocks` x 512 threads reads, or writes, a message of host memory
+//!   in 16-byte vectors, as a one-shot all-reduce reads its peers' data: the span from the
+//!   first block's start to the last block's end, median over fresh parts of a buffer
+//!   larger than L2 (nothing is read twice);
+//! - **ping-pong** (two GPUs): a flag bounced between the GPUs through host memory; half a
+//!   round is what one GPU's write takes to be seen by the other, the least any exchange
+//!   through host memory can cost.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result, sys};
+use comm_core::cuda::stream::cu_stream;
+use comm_core::cuda::{DeviceMemory, KernelCache, KernelSource, device_count, driver_error};
+use comm_core::{Error, Result};
+
+/// The probe kernels.
+pub const HOST_PROBE: KernelSource = KernelSource {
+    name: "host_probe.cu",
+    source: include_str!("../kernels/host_probe.cu"),
+};
+
+const THREADS: u32 = 512;
+/// The buffer the move probe walks through: larger than any L2, so every read misses.
+const WALK_BYTES: usize = 512 << 20;
+/// Chain links, one per 4 KiB page and then some, so that no two share a line.
+const CHAIN_LINKS: usize = 4096;
+const CHAIN_STRIDE_WORDS: usize = 4160 / 8;
+
+/// Pinned host memory mapped into every context (portable), freed on drop.
+struct Pinned {
+    ctx: Arc<CudaContext>,
+    host: *mut u64,
+    bytes: usize,
+}
+
+impl Pinned {
+    fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
+        ctx.bind_to_thread().map_err(driver_error)?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: valid out-pointer; `bytes` of pinned, mapped memory.
+        unsafe { sys::cuMemHostAlloc(&mut host, bytes, flags) }
+            .result()
+            .map_err(driver_error)?;
+        let pinned = Pinned {
+            ctx: ctx.clone(),
+            host: host.cast(),
+            bytes,
+        };
+        // SAFETY: `bytes` bytes of our allocation.
+        unsafe { std::ptr::write_bytes(pinned.host.cast::<u8>(), 0, bytes) };
+        Ok(pinned)
+    }
+
+    /// The allocation's address in `ctx`'s device.
+    fn device(&self, ctx: &Arc<CudaContext>) -> Result<u64> {
+        ctx.bind_to_thread().map_err(driver_error)?;
+        let mut device = 0;
+        // SAFETY: valid out-pointer; allocated portable and device-mapped.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, self.host.cast(), 0) }
+            .result()
+            .map_err(driver_error)?;
+        Ok(device)
+    }
+
+    fn word(&self, i: usize) -> u64 {
+        assert!(i < self.bytes / 8);
+        // SAFETY: in bounds (checked); written by kernels that have finished.
+        unsafe { self.host.add(i).read_volatile() }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by cuMemHostAlloc, freed once.
+            let _ = unsafe { sys::cuMemFreeHost(self.host.cast()) };
+        }
+    }
+}
+
+/// One GPU with the probe kernels.
+struct Gpu {
+    memory: DeviceMemory,
+    chase: CudaFunction,
+    moves: CudaFunction,
+    pingpong: CudaFunction,
+}
+
+impl Gpu {
+    fn new(ordinal: usize) -> Result<Self> {
+        let memory = DeviceMemory::new(ordinal)?;
+        let ctx = memory.context();
+        let cache = KernelCache::global();
+        Ok(Gpu {
+            chase: cache.function(ctx, &HOST_PROBE, "host_probe_chase")?,
+            moves: cache.function(ctx, &HOST_PROBE, "host_probe_move")?,
+            pingpong: cache.function(ctx, &HOST_PROBE, "host_probe_pingpong")?,
+            memory,
+        })
+    }
+
+    fn ctx(&self) -> &Arc<CudaContext> {
+        self.memory.context()
+    }
+
+    /// Enqueues `f` with `blocks` x `threads`.
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameters, and the memory they address must hold
+    /// what the grid touches.
+    unsafe fn launch(
+        &self,
+        f: &CudaFunction,
+        blocks: u32,
+        threads: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        self.ctx().bind_to_thread().map_err(driver_error)?;
+        // SAFETY: the caller vouches for the parameters; the function is of this context.
+        unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                (blocks, 1, 1),
+                (threads, 1, 1),
+                0,
+                cu_stream(self.memory.raw_stream()),
+                params,
+            )
+        }
+        .map_err(driver_error)
+    }
+}
+
+/// Nanoseconds per load of a chain of `CHAIN_LINKS` dependent loads at `chain` (device
+/// address; the words are already linked), timed into `times`.
+fn chase(gpu: &Gpu, chain: u64, times: &Pinned) -> Result<f64> {
+    let mut chain = chain;
+    let mut steps = CHAIN_LINKS as u64 - 1;
+    let mut out = times.device(gpu.ctx())?;
+    let mut params = comm_core::kernel_params![chain, steps, out];
+    // SAFETY: (u64* chain, u64 steps, u64* times): the chain has CHAIN_LINKS linked words;
+    // times has two words.
+    unsafe { gpu.launch(&gpu.chase, 1, 32, &mut params)? };
+    gpu.memory.synchronize()?;
+    Ok(times.word(0) as f64 / (CHAIN_LINKS - 1) as f64)
+}
+
+/// Links word `i * CHAIN_STRIDE_WORDS` to the next such word, in an order that jumps.
+fn chain_links() -> Vec<(usize, u64)> {
+    // A fixed odd multiplier visits every link once, far from the one before.
+    let order: Vec<usize> = (0..CHAIN_LINKS).map(|i| (i * 2897) % CHAIN_LINKS).collect();
+    order
+        .windows(2)
+        .map(|w| {
+            (
+                w[0] * CHAIN_STRIDE_WORDS,
+                (w[1] * CHAIN_STRIDE_WORDS) as u64,
+            )
+        })
+        .collect()
+}
+
+/// One move measurement: GPU time (us) of reading or writing `bytes` with `blocks`.
+#[derive(Debug, Clone, Copy)]
+pub struct Move {
+    /// Message bytes.
+    pub bytes: usize,
+    /// Blocks of 512 threads.
+    pub blocks: u32,
+    /// Median span of a read, us.
+    pub read_us: f64,
+    /// Median span of a write, us.
+    pub write_us: f64,
+}
+
+/// What `measure` found.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// One dependent load of host memory, ns.
+    pub host_load_ns: f64,
+    /// One dependent load of device memory, ns.
+    pub device_load_ns: f64,
+    /// Reads and writes of host memory by message size and grid.
+    pub moves: Vec<Move>,
+    /// Half a round of the flag between GPU 0 and GPU 1 through host memory, ns (None with
+    /// one GPU).
+    pub one_way_ns: Option<f64>,
+}
+
+/// Runs every probe on GPU `ordinal` (and the ping-pong with the next GPU, if any):
+/// `sizes` bytes x `grids` blocks, `reps` times each.
+pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> Result<Report> {
+    let gpus = device_count()?;
+    let gpu = Gpu::new(ordinal % gpus)?;
+    let ctx = gpu.ctx().clone();
+    let times = Pinned::new(&ctx, 8 * 2 * 1024)?;
+    // Chase through host memory, then through device memory.
+    let host_chain = Pinned::new(&ctx, CHAIN_LINKS * CHAIN_STRIDE_WORDS * 8)?;
+    let links = chain_links();
+    for &(at, next) in &links {
+        // SAFETY: in bounds of the allocation (CHAIN_LINKS * CHAIN_STRIDE_WORDS words).
+        unsafe { host_chain.host.add(at).write(next) };
+    }
+    // The chain starts at word 0, which links[0] names.
+    let host_load_ns = chase(&gpu, host_chain.device(&ctx)?, &times)?;
+    let mut words = vec![0u64; CHAIN_LINKS * CHAIN_STRIDE_WORDS];
+    for &(at, next) in &links {
+        words[at] = next;
+    }
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let mut device_chain = gpu.memory.alloc(comm_core::DType::U8, bytes.len())?;
+    device_chain.write(&bytes)?;
+    let device_load_ns = chase(&gpu, device_chain.buffer().device_ptr(), &times)?;
+
+    let walk = Pinned::new(&ctx, WALK_BYTES)?;
+    let walk_dev = walk.device(&ctx)?;
+    let sink = gpu.memory.alloc(comm_core::DType::U8, 16)?;
+    let mut cursor = 0usize;
+    let mut moves = Vec::new();
+    for &bytes in sizes {
+        if bytes > WALK_BYTES / 4 || bytes % 16 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "host-probe: {bytes} B: sizes must be multiples of 16 up to {} B",
+                WALK_BYTES / 4
+            )));
+        }
+        for &blocks in grids {
+            let blocks = blocks.clamp(1, 1024);
+            let mut spans = [Vec::new(), Vec::new()];
+            for _ in 0..reps {
+                for (write, span) in spans.iter_mut().enumerate() {
+                    if cursor + bytes > WALK_BYTES {
+                        cursor = 0;
+                    }
+                    let mut buf = walk_dev + cursor as u64;
+                    cursor += bytes.next_multiple_of(4096);
+                    let mut nvec = (bytes / 16) as u64;
+                    let mut write = write as i32;
+                    let mut out = times.device(&ctx)?;
+                    let mut sink_ptr = sink.buffer().device_ptr();
+                    let mut params = comm_core::kernel_params![buf, nvec, write, out, sink_ptr];
+                    // SAFETY: (uint4* buf, u64 nvec, int write, u64* times, uint4* sink): buf
+                    // holds nvec vectors of the walk, times 2 * blocks words, sink one.
+                    unsafe { gpu.launch(&gpu.moves, blocks, THREADS, &mut params)? };
+                    gpu.memory.synchronize()?;
+                    let first = (0..blocks as usize).map(|b| times.word(2 * b)).min();
+                    let last = (0..blocks as usize).map(|b| times.word(2 * b + 1)).max();
+                    span.push(last.unwrap_or(0).saturating_sub(first.unwrap_or(0)) as f64 / 1e3);
+                }
+            }
+            let [read, write] = spans.map(median);
+            moves.push(Move {
+                bytes,
+                blocks,
+                read_us: read,
+                write_us: write,
+            });
+        }
+    }
+    let one_way_ns = if gpus > 1 {
+        Some(pingpong(&gpu, &Gpu::new((ordinal + 1) % gpus)?, 10_000)?)
+    } else {
+        None
+    };
+    Ok(Report {
+        host_load_ns,
+        device_load_ns,
+        moves,
+        one_way_ns,
+    })
+}
+
+/// Half a round (ns) of a flag bounced `rounds` times between `a` and `b`.
+fn pingpong(a: &Gpu, b: &Gpu, rounds: u64) -> Result<f64> {
+    // Two flags a cache line apart, and each side's two result words.
+    let flags = Pinned::new(a.ctx(), 256)?;
+    let times = [Pinned::new(a.ctx(), 16)?, Pinned::new(a.ctx(), 16)?];
+    let limit_ns: u64 = 10_000_000_000;
+    for (side, gpu) in [a, b].into_iter().enumerate() {
+        let base = flags.device(gpu.ctx())?;
+        let (mut out, mut inp) = if side == 0 {
+            (base, base + 128)
+        } else {
+            (base + 128, base)
+        };
+        let (mut rounds, mut first, mut limit) = (rounds, i32::from(side == 0), limit_ns);
+        let mut t = times[side].device(gpu.ctx())?;
+        let mut params = comm_core::kernel_params![out, inp, rounds, first, limit, t];
+        // SAFETY: (u64* out, const u64* in, u64 rounds, int first, u64 limit_ns, u64* times):
+        // both flags and both result words are mapped host memory.
+        unsafe { gpu.launch(&gpu.pingpong, 1, 32, &mut params)? };
+    }
+    a.memory.synchronize()?;
+    b.memory.synchronize()?;
+    if let Some(side) = times.iter().position(|t| t.word(1) != 0) {
+        return Err(Error::Timeout {
+            what: format!(
+                "host-probe: the ping-pong's side {side}, in round {}",
+                times[side].word(1)
+            ),
+            after: std::time::Duration::from_nanos(limit_ns),
+        });
+    }
+    Ok(times[0].word(0) as f64 / rounds as f64 / 2.0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
