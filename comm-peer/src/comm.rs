@@ -217,12 +217,19 @@ impl PeerComm {
     }
 
     /// The algorithm an all-reduce of `bytes` per rank uses now: the chosen (or automatic)
-    /// one, or its pull variant when a push message does not fit the mailboxes.
+    /// one, or its pull variant when a push message does not fit the mailboxes. Ranks that
+    /// share a device default to pull: there the peers' data is in the same memory and
+    /// the sentinel passes of push cost more than a barrier (8 ranks on one H200, 42 KB in
+    /// graphs: one-shot pull 7.96 us, one-shot push 8.80).
     pub fn algorithm_for(&self, bytes: usize) -> Algorithm {
-        let chosen = self
-            .algorithm
-            .get()
-            .unwrap_or_else(|| Algorithm::auto(self.group.world_size(), bytes));
+        let chosen = self.algorithm.get().unwrap_or_else(|| {
+            let auto = Algorithm::auto(self.group.world_size(), bytes);
+            if self.group.sharing() > 1 {
+                auto.pull()
+            } else {
+                auto
+            }
+        });
         if chosen.is_push() && bytes > self.layout.lcap {
             chosen.pull()
         } else {
