@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
-use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result, sys};
+use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result};
 use comm_core::cuda::stream::cu_stream;
-use comm_core::cuda::{KernelCache, KernelSource, driver_error};
+use comm_core::cuda::{KernelCache, KernelSource, driver_error, launch_overlapping};
 use comm_core::{DType, Error, RawStream, ReduceOp, Result};
 
 use crate::algorithm::Algorithm;
@@ -257,38 +257,16 @@ impl Kernels {
             }
             .map_err(driver_error);
         }
-        let mut overlap = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            // SAFETY: an all-zero value is valid for every member of the union.
-            value: unsafe { std::mem::zeroed() },
-        };
-        overlap.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: blocks,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: threads,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: 0,
-            hStream: cu_stream(stream),
-            attrs: &mut overlap,
-            numAttrs: 1,
-        };
-        // SAFETY: as above; `config` and the attribute it points to outlive the call, which
-        // copies them; every kernel of the module waits for its stream's previous kernel
-        // (griddepcontrol.wait) before reading what that kernel may have written.
+        // SAFETY: as above; every kernel of the module waits for its stream's previous
+        // kernel (griddepcontrol.wait) before reading what that kernel may have written.
         unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
+            launch_overlapping(
                 f.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
+                (blocks, threads),
+                cu_stream(stream),
+                &mut params,
             )
         }
-        .result()
-        .map_err(driver_error)
     }
 }
 

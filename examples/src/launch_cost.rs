@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use comm_core::Result;
 use comm_core::cuda::cudarc::driver::{CudaEvent, CudaFunction, result, sys};
 use comm_core::cuda::stream::cu_stream;
-use comm_core::cuda::{DeviceMemory, KernelCache, KernelSource, device_count, driver_error};
+use comm_core::cuda::{
+    DeviceMemory, KernelCache, KernelSource, device_count, driver_error, launch_overlapping,
+};
 
 use crate::perf::sweep::event_times;
 
@@ -104,38 +106,15 @@ impl Launcher {
                 )
             }
             .map_err(driver_error),
-            Probe::Overlap => {
-                let mut attr = sys::CUlaunchAttribute {
-                    id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-                    pad: [0; 4],
-                    // SAFETY: an all-zero value is valid for every member of the union.
-                    value: unsafe { std::mem::zeroed() },
-                };
-                attr.value.programmaticStreamSerializationAllowed = 1;
-                let config = sys::CUlaunchConfig {
-                    gridDimX: 1,
-                    gridDimY: 1,
-                    gridDimZ: 1,
-                    blockDimX: 32,
-                    blockDimY: 1,
-                    blockDimZ: 1,
-                    sharedMemBytes: 0,
-                    hStream: self.stream,
-                    attrs: &mut attr,
-                    numAttrs: 1,
-                };
-                // SAFETY: as above; config and its attribute outlive the call, which copies them.
-                unsafe {
-                    sys::cuLaunchKernelEx(
-                        &config,
-                        self.overlap.cu_function(),
-                        params.as_mut_ptr(),
-                        std::ptr::null_mut(),
-                    )
-                }
-                .result()
-                .map_err(driver_error)
-            }
+            // SAFETY: as above; the kernel waits for the previous one (griddepcontrol.wait).
+            Probe::Overlap => unsafe {
+                launch_overlapping(
+                    self.overlap.cu_function(),
+                    (1, 32),
+                    self.stream,
+                    &mut params,
+                )
+            },
             // SAFETY: the event and the stream belong to this context.
             Probe::Event => unsafe { result::event::record(event.cu_event(), self.stream) }
                 .map_err(driver_error),

@@ -15,6 +15,8 @@
 //!   `conformance::run_with_memory(&comm, &DeviceMemory::new(0)?, &config)` runs on the GPU.
 //! - [`enable_peer_access`]: lets one device's kernels reach another device of this
 //!   process (ranks on one thread per GPU).
+//! - [`launch_overlapping`]: a kernel launch whose start may overlap the end of the
+//!   previous kernel of its stream (programmatic dependent launch, sm_90+).
 //! - [`stream`]: raw stream handles, bounded waits (a wait that can give up) and whether a
 //!   stream is capturing a graph.
 //! - [`kernels`]: the `.cu` registry ([`KernelSource`]), NVRTC compilation to cubin for the
@@ -25,6 +27,7 @@
 mod buffer;
 mod error;
 pub mod kernels;
+mod launch;
 mod memory;
 pub mod pattern;
 mod pattern_kernels;
@@ -36,6 +39,7 @@ mod views;
 pub use buffer::DeviceBuffer;
 pub use error::{driver_error, nvrtc_error};
 pub use kernels::{KernelCache, KernelSource};
+pub use launch::launch_overlapping;
 pub use memory::{DeviceMemory, DeviceOwned};
 pub use pattern_kernels::PatternKernels;
 pub use peer::enable_peer_access;
