@@ -317,3 +317,30 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chain_visits_every_link_once_from_word_zero() {
+        let links = chain_links();
+        assert_eq!(links.len(), CHAIN_LINKS - 1);
+        assert_eq!(links[0].0, 0, "the chase starts at word 0");
+        let mut seen = vec![false; CHAIN_LINKS];
+        seen[0] = true;
+        let mut at = 0usize;
+        for &(from, next) in &links {
+            assert_eq!(from, at, "each link starts where the one before led");
+            let next = next as usize;
+            assert_eq!(next % CHAIN_STRIDE_WORDS, 0);
+            let link = next / CHAIN_STRIDE_WORDS;
+            assert!(!seen[link], "link {link} visited twice");
+            seen[link] = true;
+            // Consecutive loads never share a 4 KiB page.
+            assert_ne!(from * 8 / 4096, next * 8 / 4096);
+            at = next;
+        }
+        assert!(seen.iter().all(|&s| s));
+    }
+}
