@@ -3,7 +3,7 @@
 //! path, and `COMM_EXPECT_NVRTC=1` where the NVRTC wheel is on `LD_LIBRARY_PATH`.
 #![cfg(feature = "cuda")]
 
-use comm_core::cuda::kernels::{FILL_CHECK, Image, compile, nvrtc_version};
+use comm_core::cuda::kernels::{FILL_CHECK, Image, compile, nvrtc_version, resources};
 use comm_core::cuda::stream::is_capturing;
 use comm_core::cuda::{DeviceMemory, context, device_count};
 use comm_core::{Error, RawStream};
@@ -73,5 +73,28 @@ fn a_bad_arch_is_an_error_with_nvrtcs_log() {
             "{e}"
         ),
         Ok(_) => panic!("sm_1 compiled"),
+    }
+}
+
+#[test]
+fn ptxas_reports_every_entry_of_a_source() {
+    match resources(&FILL_CHECK, "sm_90") {
+        Ok(entries) => {
+            assert!(
+                entries.iter().any(|k| k.name == "comm_fill_bf16"),
+                "{entries:?}"
+            );
+            assert!(
+                entries
+                    .iter()
+                    .any(|k| k.name == "comm_check_all_reduce_f32"),
+                "{entries:?}"
+            );
+            assert!(entries.iter().all(|k| k.registers > 0), "{entries:?}");
+        }
+        Err(Error::LibraryMissing { name }) => {
+            assert!(!flag("COMM_EXPECT_NVRTC"), "libnvrtc missing: {name}")
+        }
+        Err(e) => panic!("unexpected error: {e}"),
     }
 }

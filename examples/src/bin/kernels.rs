@@ -7,17 +7,21 @@
 //! Prints one line per kernel and arch with the image size, and exits non-zero if any
 //! compilation fails. Needs only `libnvrtc` (and its builtins) on `LD_LIBRARY_PATH`, no
 //! GPU: this is how CI proves that every kernel builds for every arch we ship.
+//!
+//! `--resources` also lists, per entry of each `sm_XX` image, the registers, stack frame and
+//! spills per thread (ptxas's report), marking the entries that use local memory.
 
 use std::process::ExitCode;
 
-use comm_core::cuda::kernels::{Image, compile, nvrtc_version};
+use comm_core::cuda::kernels::{Image, compile, nvrtc_version, resources};
 
 const DEFAULT_ARCHS: &str = "sm_80,sm_90,sm_100,sm_120";
-const USAGE: &str = "usage: kernels [--arch sm_80,sm_90,...]  (default sm_80,sm_90,sm_100,sm_120)";
+const USAGE: &str =
+    "usage: kernels [--arch sm_80,sm_90,...] [--resources]  (default sm_80,sm_90,sm_100,sm_120)";
 
 fn main() -> ExitCode {
-    let archs = match parse_args() {
-        Ok(Some(archs)) => archs,
+    let (archs, show_resources) = match parse_args() {
+        Ok(Some(args)) => args,
         Ok(None) => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -48,6 +52,9 @@ fn main() -> ExitCode {
                         source.name,
                         image.bytes().len()
                     );
+                    if show_resources && arch.starts_with("sm_") {
+                        failures += print_resources(&source, arch);
+                    }
                 }
                 Err(e) => {
                     failures += 1;
@@ -64,18 +71,48 @@ fn main() -> ExitCode {
     }
 }
 
-/// `--arch LIST`, or `None` for `--help`.
-fn parse_args() -> Result<Option<String>, lexopt::Error> {
+/// Each entry's registers, stack and spills per thread; 1 if ptxas's report failed.
+fn print_resources(source: &comm_core::cuda::KernelSource, arch: &str) -> usize {
+    match resources(source, arch) {
+        Ok(entries) => {
+            for k in entries {
+                println!(
+                    "      {:<40} {:>4} regs {:>5} B stack {:>5} B spilled {:>5} B reloaded{}",
+                    k.name,
+                    k.registers,
+                    k.stack_bytes,
+                    k.spill_store_bytes,
+                    k.spill_load_bytes,
+                    if k.no_local_memory() {
+                        ""
+                    } else {
+                        "  <- local memory"
+                    }
+                );
+            }
+            0
+        }
+        Err(e) => {
+            println!("FAIL  resources of {} for {arch}: {e}", source.name);
+            1
+        }
+    }
+}
+
+/// `--arch LIST` and `--resources`, or `None` for `--help`.
+fn parse_args() -> Result<Option<(String, bool)>, lexopt::Error> {
     use lexopt::prelude::*;
 
     let mut archs = DEFAULT_ARCHS.to_string();
+    let mut show_resources = false;
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
             Long("arch") => archs = parser.value()?.string()?,
+            Long("resources") => show_resources = true,
             Short('h') | Long("help") => return Ok(None),
             _ => return Err(arg.unexpected()),
         }
     }
-    Ok(Some(archs))
+    Ok(Some((archs, show_resources)))
 }

@@ -9,13 +9,16 @@
 //!
 //! Sources may `#include` the [`HEADERS`] by name (NVRTC gets them in memory), so no
 //! CUDA include folder is needed. bf16/f16 conversions live in `comm_dtypes.cuh`, block-wide
-//! sums in `comm_reduce.cuh`.
+//! sums in `comm_reduce.cuh`. [`resources`] reports what each kernel uses per thread
+//! (registers, stack, spills), so that tests can keep hot kernels out of local memory.
 
 mod cache;
 mod nvrtc;
+mod resources;
 
 pub use cache::{KernelCache, cache_key};
 pub use nvrtc::{Image, compile, nvrtc_version, supported_archs};
+pub use resources::{KernelResources, resources};
 
 /// One `.cu` file of a crate, by file name and text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

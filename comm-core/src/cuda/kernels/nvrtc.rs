@@ -70,6 +70,15 @@ pub fn supported_archs() -> Result<Vec<i32>> {
 /// Compiles `source` for `arch`: `sm_XX` gives a cubin, `compute_XX` PTX. A compile error
 /// comes back as [`Error::Backend`] carrying NVRTC's log.
 pub fn compile(source: &KernelSource, arch: &str) -> Result<Image> {
+    compile_with(source, arch, &[]).map(|(image, _)| image)
+}
+
+/// [`compile`] with `extra` options after ours; also returns NVRTC's log.
+pub(crate) fn compile_with(
+    source: &KernelSource,
+    arch: &str,
+    extra: &[&str],
+) -> Result<(Image, String)> {
     probe::nvrtc()?;
     let c = |s: &str| {
         CString::new(s).map_err(|_| {
@@ -90,6 +99,7 @@ pub fn compile(source: &KernelSource, arch: &str) -> Result<Image> {
     let name_ptrs: Vec<*const c_char> = header_names.iter().map(|s| s.as_ptr()).collect();
     let opts = options(arch)
         .into_iter()
+        .chain(extra.iter().map(|o| o.to_string()))
         .map(|o| c(&o))
         .collect::<Result<Vec<_>>>()?;
     let opt_ptrs: Vec<*const c_char> = opts.iter().map(|s| s.as_ptr()).collect();
@@ -122,14 +132,14 @@ pub fn compile(source: &KernelSource, arch: &str) -> Result<Image> {
             ),
         ));
     }
-    if arch.starts_with("sm_") {
+    let image = if arch.starts_with("sm_") {
         let mut size = 0usize;
         // SAFETY: a compiled program and a valid out-pointer.
         check(unsafe { sys::nvrtcGetCUBINSize(prog.0, &mut size) })?;
         let mut out = vec![0u8; size];
         // SAFETY: the buffer holds the `size` bytes NVRTC reported.
         check(unsafe { sys::nvrtcGetCUBIN(prog.0, out.as_mut_ptr() as *mut c_char) })?;
-        Ok(Image::Cubin(out))
+        Image::Cubin(out)
     } else {
         let mut size = 0usize;
         // SAFETY: a compiled program and a valid out-pointer.
@@ -137,8 +147,9 @@ pub fn compile(source: &KernelSource, arch: &str) -> Result<Image> {
         let mut out = vec![0u8; size];
         // SAFETY: the buffer holds the `size` bytes NVRTC reported (NUL included).
         check(unsafe { sys::nvrtcGetPTX(prog.0, out.as_mut_ptr() as *mut c_char) })?;
-        Ok(Image::Ptx(out))
-    }
+        Image::Ptx(out)
+    };
+    Ok((image, prog.log().unwrap_or_default()))
 }
 
 fn check(r: sys::nvrtcResult) -> Result<()> {
