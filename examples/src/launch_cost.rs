@@ -12,12 +12,12 @@
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
-use comm_core::Result;
 use comm_core::cuda::cudarc::driver::{CudaEvent, CudaFunction, result, sys};
-use comm_core::cuda::stream::cu_stream;
+use comm_core::cuda::stream::{cu_stream, is_capturing};
 use comm_core::cuda::{
     DeviceMemory, KernelCache, KernelSource, device_count, driver_error, launch_overlapping,
 };
+use comm_core::{RawStream, Result};
 
 use crate::perf::sweep::event_times;
 
@@ -83,6 +83,7 @@ pub struct Cost {
 
 /// The empty kernels and a stream of one GPU.
 struct Launcher {
+    raw: RawStream,
     stream: sys::CUstream,
     plain: CudaFunction,
     overlap: CudaFunction,
@@ -118,15 +119,9 @@ impl Launcher {
             // SAFETY: the event and the stream belong to this context.
             Probe::Event => unsafe { result::event::record(event.cu_event(), self.stream) }
                 .map_err(driver_error),
-            Probe::CaptureQuery => {
-                let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-                // SAFETY: the stream belongs to this context; status is a valid out pointer.
-                unsafe { sys::cuStreamIsCapturing(self.stream, &mut status) }
-                    .result()
-                    .map_err(driver_error)?;
-                std::hint::black_box(status);
-                Ok(())
-            }
+            Probe::CaptureQuery => is_capturing(self.raw).map(|capturing| {
+                std::hint::black_box(capturing);
+            }),
         }
     }
 }
@@ -139,6 +134,7 @@ pub fn measure(ordinal: usize, calls: usize) -> Result<Vec<Cost>> {
     ctx.bind_to_thread().map_err(driver_error)?;
     let cache = KernelCache::global();
     let mut launcher = Launcher {
+        raw: memory.raw_stream(),
         stream: cu_stream(memory.raw_stream()),
         plain: cache.function(&ctx, &LAUNCH_PROBE, "launch_probe_plain")?,
         overlap: cache.function(&ctx, &LAUNCH_PROBE, "launch_probe_overlap")?,
