@@ -75,9 +75,11 @@ impl Algorithm {
     /// was measured faster than pull wherever both run: over NVLink 4.2 against 5.7 us at 32
     /// KiB, 9.1 against 10.7 at 1 MiB; through host memory 9.8 against 12.7 at 8 KiB. A
     /// message larger than the mailboxes, or ranks that share a device, run the pull variant
-    /// ([`PeerComm::algorithm_for`]).
+    /// ([`PeerComm::algorithm_for`]), and so does an input in a registered buffer
+    /// ([`PeerComm::alloc`]), which the pull variants read where it lies.
     ///
     /// [`PeerComm::algorithm_for`]: crate::PeerComm::algorithm_for
+    /// [`PeerComm::alloc`]: crate::PeerComm::alloc
     pub fn auto(world: usize, bytes: usize) -> Algorithm {
         let oneshot_limit = match world {
             0..=2 => 512 << 10,
