@@ -47,25 +47,28 @@ impl PeerComm {
     }
 
     fn plan(&self, bytes: usize, send: u64, in_place: bool) -> Plan {
-        let mut algorithm = self.algorithm_for(bytes);
-        // An input in a registered buffer asks to be read where it lies, which only the
-        // pull algorithms do: with no algorithm chosen, it gets the pull variant of the
-        // default (one-shot pull in place excepted, which cannot read in place).
-        if self.algorithm.get().is_none() && algorithm.is_push() {
-            let pull = algorithm.pull();
-            let in_place_oneshot = in_place && pull == Algorithm::OneshotPull;
-            if !in_place_oneshot && self.registry.find(send, bytes).is_some() {
-                algorithm = pull;
-            }
-        }
-        let zero_copy = match algorithm {
-            // One-shot pull in place would overwrite an input that peers are still reading.
-            Algorithm::OneshotPull if in_place => None,
-            Algorithm::OneshotPull | Algorithm::TwoshotPull => self.registry.find(send, bytes),
-            _ => None,
+        let algorithm = self.algorithm_for(bytes);
+        // An input in a registered buffer is read where it lies by the pull algorithms
+        // (zero-copy): with no algorithm chosen, it gets the pull variant of the default.
+        let candidate = match self.algorithm.get() {
+            None => algorithm.pull(),
+            Some(_) => algorithm,
         };
+        let reads_in_place = match candidate {
+            // One-shot pull in place would overwrite an input that peers are still reading.
+            Algorithm::OneshotPull => !in_place,
+            Algorithm::TwoshotPull => true,
+            Algorithm::OneshotPush | Algorithm::TwoshotPush => false,
+        };
+        let zero_copy = reads_in_place
+            .then(|| self.registry.find(send, bytes))
+            .flatten();
         Plan {
-            algorithm,
+            algorithm: if zero_copy.is_some() {
+                candidate
+            } else {
+                algorithm
+            },
             zero_copy,
         }
     }

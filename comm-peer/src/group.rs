@@ -47,7 +47,7 @@ impl Ready {
             ctx: ctx.clone(),
             kernels: Kernels::load(ctx)?,
             status: Status::new(ctx)?,
-            state: zeroed_state(ctx)?,
+            state: zeroed(ctx, STATE_BYTES)?,
             trace: Trace::from_env(ctx)?,
         })
     }
@@ -297,19 +297,15 @@ impl PeerGroup {
     }
 }
 
-/// This rank's `PeerState` (the kernels' call counter and bookkeeping), zeroed, in its
-/// device's memory even where the regions are host memory; from the stream-ordered pool,
-/// so that allocating it never waits behind a kernel spinning on this device.
-fn zeroed_state(ctx: &Arc<CudaContext>) -> Result<DeviceBuffer> {
-    use comm_core::cuda::cudarc::driver::result;
+/// `bytes` of zeroed device memory on `ctx` (this rank's `PeerState`, the trace ring):
+/// from the stream-ordered pool and zeroed on a stream of its own, so that neither waits
+/// behind a kernel spinning on this device (where the regions are host memory too).
+pub(crate) fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceBuffer> {
     let stream = ctx.new_stream().map_err(driver_error)?;
-    let state = DeviceBuffer::alloc_on(&stream, STATE_BYTES)?;
-    // SAFETY: the range is the allocation just made; the stream orders the fill after it
-    // and is synchronised before the memory is used.
-    unsafe { result::memset_d8_async(state.device_ptr(), 0, STATE_BYTES, stream.cu_stream()) }
-        .map_err(driver_error)?;
+    let mut buffer = DeviceBuffer::alloc_on(&stream, bytes)?;
+    buffer.fill_bytes(&stream, 0)?;
     stream.synchronize().map_err(driver_error)?;
-    Ok(state)
+    Ok(buffer)
 }
 
 /// Whether the kernels' flags may use `.gpu` scope: only when every rank drives the same

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use comm_core::Result;
-use comm_core::cuda::cudarc::driver::{CudaContext, result};
+use comm_core::cuda::cudarc::driver::CudaContext;
 use comm_core::cuda::{DeviceBuffer, driver_error};
 
 /// Records of the ring (the kernels' `PEER_TRACE_CALLS`).
@@ -42,12 +42,7 @@ impl Trace {
         if std::env::var_os(VARIABLE).is_none_or(|v| v.is_empty()) {
             return Ok(None);
         }
-        let bytes = CALLS * WORDS * 8;
-        let ring = DeviceBuffer::alloc(ctx, bytes)?;
-        ctx.bind_to_thread().map_err(driver_error)?;
-        // SAFETY: the range is the allocation just made; the context is synchronised before
-        // any kernel can use it.
-        unsafe { result::memset_d8_sync(ring.device_ptr(), 0, bytes) }.map_err(driver_error)?;
+        let ring = crate::group::zeroed(ctx, CALLS * WORDS * 8)?;
         Ok(Some(Trace { ring, path: None }))
     }
 

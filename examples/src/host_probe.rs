@@ -224,6 +224,7 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
     let walk = Pinned::new(&ctx, WALK_BYTES)?;
     let walk_dev = walk.device(&ctx)?;
     let sink = gpu.memory.alloc(comm_core::DType::U8, 16)?;
+    let (times_dev, sink_dev) = (times.device(&ctx)?, sink.buffer().device_ptr());
     let mut cursor = 0usize;
     let mut moves = Vec::new();
     for &bytes in sizes {
@@ -245,8 +246,7 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
                     cursor += bytes.next_multiple_of(4096);
                     let mut nvec = (bytes / 16) as u64;
                     let mut write = write as i32;
-                    let mut out = times.device(&ctx)?;
-                    let mut sink_ptr = sink.buffer().device_ptr();
+                    let (mut out, mut sink_ptr) = (times_dev, sink_dev);
                     let mut params = comm_core::kernel_params![buf, nvec, write, out, sink_ptr];
                     // SAFETY: (uint4* buf, u64 nvec, int write, u64* times, uint4* sink): buf
                     // holds nvec vectors of the walk, times 2 * blocks words, sink one.

@@ -639,10 +639,9 @@ impl Run<'_> {
             let time_us = got.iter().map(|m| m.median_us).fold(0.0, f64::max);
             // NaN (not measured) on any rank leaves the figure out.
             let slowest = |f: fn(&Measured) -> f64| {
-                let v: Vec<f64> = got.iter().map(|m| f(m)).collect();
-                v.iter()
-                    .all(|x| x.is_finite())
-                    .then(|| v.iter().copied().fold(0.0, f64::max))
+                got.iter()
+                    .map(|m| f(m))
+                    .try_fold(0.0, |most: f64, x: f64| x.is_finite().then(|| most.max(x)))
             };
             let alg = algbw(point.bytes, time_us);
             Ok(Timing {
