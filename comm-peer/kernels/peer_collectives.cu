@@ -382,11 +382,11 @@ extern "C" __global__ void peer_agree_only(PeerArgs a) {
 // peer_reduce_scatter_<dtype>_<op> (op: sum, avg, max, min).
 
 #define PEER_AR(ALGO, ANAME, DT, DNAME, OP, ONAME)                                                             \
-    extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_##ANAME##_##DNAME##_##ONAME(PeerArgs a) { \
+    extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS, 1) peer_##ANAME##_##DNAME##_##ONAME(PeerArgs a) { \
         peer_all_reduce<ALGO, DT, OP>(a);                                                                      \
     }
 #define PEER_RS(DT, DNAME, OP, ONAME)                                                                          \
-    extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_reduce_scatter_##DNAME##_##ONAME(PeerArgs a) { \
+    extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS, 1) peer_reduce_scatter_##DNAME##_##ONAME(PeerArgs a) { \
         peer_reduce_scatter<DT, OP>(a);                                                                        \
     }
 #define PEER_OPS(DT, DNAME, OP, ONAME)                                \

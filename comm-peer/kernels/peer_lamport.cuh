@@ -121,39 +121,38 @@ __device__ bool peer_reduce_batches(const PeerArgs& a, const PeerCtx& c, const c
     const bool aligned = a.aligned != 0;
     const uint32_t world = a.world, per = PEER_MAX_RANKS / world;
     const uint64_t stride = peer_stride();
-    uint32_t entry_of[PEER_MAX_RANKS], rank_of[PEER_MAX_RANKS];
-#pragma unroll
-    for (int i = 0; i < PEER_MAX_RANKS; ++i) {
-        entry_of[i] = i / world;
-        rank_of[i] = i % world;
-    }
+    // Slot i's entry and rank, computed where used (the divisions by a constant i are
+    // hoisted out of the loop): an array of them, which peer_settle's look at the late slot
+    // indexes at run time, would live in local memory (a 32-byte stack frame per thread).
+    const auto entry_of = [&](uint32_t i) { return i / world; };
+    const auto rank_of = [&](uint32_t i) { return i % world; };
     for (uint64_t base = first; base < end; base += per * stride) {
         const auto slot = [&](int i) {
-            return reinterpret_cast<const uint4*>(inbox + rank_of[i] * slot_bytes) + base + entry_of[i] * stride;
+            return reinterpret_cast<const uint4*>(inbox + rank_of(i) * slot_bytes) + base + entry_of(i) * stride;
         };
         uint4 s[PEER_MAX_RANKS];
         uint32_t used = 0, pending = 0;
 #pragma unroll
         for (int i = 0; i < PEER_MAX_RANKS; ++i) {
-            const uint64_t j = base + entry_of[i] * stride;
-            if (entry_of[i] >= per || j >= end) continue;
+            const uint64_t j = base + entry_of(i) * stride;
+            if (entry_of(i) >= per || j >= end) continue;
             used |= 1u << i;
-            if (rank_of[i] == a.rank) {
+            if (rank_of(i) == a.rank) {
                 s[i] = peer_sanitize<DT>(peer_load_user<DT>(a.input, user(j), a.count, aligned));
             } else {
                 s[i] = peer_ld_volatile(slot(i));
                 if (peer_has_sentinel<DT>(s[i])) pending |= 1u << i;
             }
         }
-        if (!peer_settle<DT>(a, c, s, pending, slot, [&](int i) { return rank_of[i]; }, true, 0)) return false;
+        if (!peer_settle<DT>(a, c, s, pending, slot, [&](int i) { return rank_of(i); }, true, 0)) return false;
         // Another thread of the block may have given up (a timeout): then nothing is written.
         if (*c.dead) return false;
         float acc[PeerDt<DT>::VEC];
 #pragma unroll
         for (int i = 0; i < PEER_MAX_RANKS; ++i) {
             if (!(used & (1u << i))) continue;
-            peer_fold<DT, OP>(a, acc, s[i], rank_of[i]);
-            if (rank_of[i] + 1 == world) done(base + entry_of[i] * stride, peer_pack<DT>(acc));
+            peer_fold<DT, OP>(a, acc, s[i], rank_of(i));
+            if (rank_of(i) + 1 == world) done(base + entry_of(i) * stride, peer_pack<DT>(acc));
         }
     }
     return true;
