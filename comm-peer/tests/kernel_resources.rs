@@ -1,9 +1,8 @@
 //! The collective kernels keep every value in registers on the archs we measure (sm_90) and
 //! serve first (sm_120): a stack frame or a spill puts values in local memory, which a
-//! latency-bound all-reduce pays for on every call (a 32-byte stack frame in the push kernels
-//! cost 0.5 us at 42 KB on 2 x H200). Needs NVRTC only, no GPU; where NVRTC is missing it says
-//! so, and `COMM_EXPECT_NVRTC=1` (CI) makes that a failure. The fused all-reduce + RMSNorm
-//! kernels hold a row's state besides and are left out.
+//! latency-bound all-reduce pays for on every call. Needs NVRTC only, no GPU; where NVRTC is
+//! missing it says so, and `COMM_EXPECT_NVRTC=1` (CI) makes that a failure. The fused
+//! all-reduce + RMSNorm kernels hold a row's state besides and are left out.
 
 use comm_core::Error;
 use comm_core::cuda::kernels::resources;
