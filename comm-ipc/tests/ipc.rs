@@ -92,6 +92,35 @@ fn all_reduce_of_64_mib_with_the_default_config() {
 
 /// One rank thread more than there are GPUs, so that two ranks share a GPU in one process
 /// while the others drive their own.
+/// A kernel from the cache is loaded completely, not left for its first launch to finish
+/// loading (which, under lazy loading, may wait for the whole context: behind a peer's
+/// kernel that waits for this rank, on a device two ranks share).
+#[test]
+#[ignore = "needs a GPU"]
+fn kernels_from_the_cache_are_loaded_before_their_first_launch() {
+    use comm_core::cuda::cudarc::driver::sys;
+    use comm_core::cuda::{KernelCache, kernels::FILL_CHECK};
+    let ctx = comm_core::cuda::context(0).expect("device 0");
+    for (source, name) in [
+        (&comm_peer::kernels::COLLECTIVES, "peer_all_gather"),
+        (&FILL_CHECK, "comm_fill_f32"),
+    ] {
+        let function = KernelCache::global()
+            .function(&ctx, source, name)
+            .expect("kernel");
+        let mut state = sys::CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_MAX;
+        // SAFETY: a valid function handle and out-pointer.
+        unsafe { sys::cuFuncIsLoaded(&mut state, function.cu_function()) }
+            .result()
+            .expect("cuFuncIsLoaded");
+        assert_eq!(
+            state,
+            sys::CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_LOADED,
+            "{name}"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn conformance_of_every_algorithm_with_ranks_sharing_a_gpu() {

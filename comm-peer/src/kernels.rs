@@ -194,9 +194,10 @@ pub(crate) struct Kernels {
 impl Kernels {
     /// Compiles (or finds in the cache) and loads the module and every function of it.
     ///
-    /// All of them now, not at first use: under CUDA's lazy loading, getting a function
-    /// loads it and may wait for the whole context, and a rank that did so while a peer's
-    /// kernel spins on the same device waiting for this rank would never return.
+    /// All of them now, completely (see [`KernelCache::function`]), not at first use: under
+    /// CUDA's lazy loading, loading a function may wait for the whole context, and a rank
+    /// that did so while a peer's kernel spins on the same device waiting for this rank
+    /// would wait until the peer timed out.
     pub(crate) fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
         let cache = KernelCache::global();
         let functions = every_kernel_name()

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, sys};
 use cudarc::nvrtc::Ptx;
 
 use super::nvrtc::{Image, compile, nvrtc_version, options, supported_archs};
@@ -133,16 +133,28 @@ impl KernelCache {
         Ok(module)
     }
 
-    /// Kernel `name` of `source`, loaded into `ctx`.
+    /// Kernel `name` of `source`, loaded into `ctx` completely.
+    ///
+    /// Under CUDA's lazy loading (the default) a function handle may be only partially
+    /// loaded, and its first launch finishes the loading, which may wait for the whole
+    /// context: a rank launching a kernel for the first time while a peer's kernel spins on
+    /// the same device, waiting for this very rank, would wait until the peer timed out.
+    /// So the loading is finished here, where no collective is running yet.
     pub fn function(
         &self,
         ctx: &Arc<CudaContext>,
         source: &KernelSource,
         name: &str,
     ) -> Result<CudaFunction> {
-        self.module(ctx, source)?
+        let function = self
+            .module(ctx, source)?
             .load_function(name)
-            .map_err(driver_error)
+            .map_err(driver_error)?;
+        // SAFETY: a valid function handle of a module this cache keeps loaded.
+        unsafe { sys::cuFuncLoad(function.cu_function()) }
+            .result()
+            .map_err(driver_error)?;
+        Ok(function)
     }
 
     fn arch_for(&self, ctx: &CudaContext) -> Result<String> {
