@@ -90,8 +90,6 @@ fn all_reduce_of_64_mib_with_the_default_config() {
     }
 }
 
-/// One rank thread more than there are GPUs, so that two ranks share a GPU in one process
-/// while the others drive their own.
 /// A kernel from the cache is loaded completely, not left for its first launch to finish
 /// loading (which, under lazy loading, may wait for the whole context: behind a peer's
 /// kernel that waits for this rank, on a device two ranks share).
@@ -121,6 +119,8 @@ fn kernels_from_the_cache_are_loaded_before_their_first_launch() {
     }
 }
 
+/// One rank thread more than there are GPUs, so that two ranks share a GPU in one process
+/// while the others drive their own.
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn conformance_of_every_algorithm_with_ranks_sharing_a_gpu() {
