@@ -107,3 +107,36 @@ impl Drop for Event {
         let _ = unsafe { result::event::destroy(self.0) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poll_ends_when_ready_fails_or_times_out() {
+        let mut polls = 0;
+        poll_until(Duration::from_secs(5), "ready on the third poll", || {
+            polls += 1;
+            Ok(polls == 3)
+        })
+        .unwrap();
+        assert_eq!(polls, 3);
+
+        let failed = poll_until(Duration::from_secs(5), "fails", || {
+            Err(Error::Aborted("a peer gave up".into()))
+        });
+        assert!(matches!(failed, Err(Error::Aborted(_))), "{failed:?}");
+
+        let bound = Duration::from_millis(30);
+        let started = Instant::now();
+        let never = poll_until(bound, "never ready", || Ok(false));
+        assert!(started.elapsed() >= bound);
+        match never {
+            Err(Error::Timeout { what, after }) => {
+                assert_eq!(what, "never ready");
+                assert_eq!(after, bound);
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+    }
+}
