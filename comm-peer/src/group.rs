@@ -94,11 +94,7 @@ impl PeerGroup {
         source: Box<dyn PeerSource>,
         timeout: Duration,
     ) -> Self {
-        let kernels = if source.sharing() > 1 {
-            ready.kernels.without_overlap()
-        } else {
-            ready.kernels
-        };
+        let kernels = ready.kernels.shared_by(source.sharing());
         PeerGroup {
             ctx: ready.ctx,
             rank,
