@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod backends;
+pub mod copy_probe;
 pub mod gpu;
 pub mod graph;
 pub mod host_probe;
