@@ -40,6 +40,7 @@ pub fn all_kernel_sources() -> Vec<(&'static str, KernelSource)> {
                 step::fused::ADD_RMSNORM,
                 launch_cost::LAUNCH_PROBE,
                 host_probe::HOST_PROBE,
+                copy_probe::COPY_PROBE,
             ],
         ),
     ];

@@ -2,49 +2,55 @@
 //! two GPUs (see `comm_examples::copy_probe`).
 //!
 //! ```text
-//! copy-probe [--device N] [--sizes 16M,64M,256M] [--reps 10]
+//! copy-probe [--device N] [--sizes 16M,64M,256M] [--chunks 1,4,16] [--reps 10]
 //! ```
+//!
+//! Exits 1 when the two-shot all-reduce (two GPUs) got an element wrong.
 
 use std::process::ExitCode;
 
-use comm_examples::copy_probe::measure;
+use comm_examples::copy_probe::{measure, two_shot};
+use comm_examples::gpu::args;
 use comm_examples::perf::args::parse_sizes;
 
-const USAGE: &str = "usage: copy-probe [--device N] [--sizes LIST] [--reps N]";
+const USAGE: &str = "usage: copy-probe [--device N] [--sizes LIST] [--chunks LIST] [--reps N]";
 
 struct Options {
     device: usize,
     sizes: Vec<usize>,
+    chunks: Vec<usize>,
     reps: usize,
 }
 
 fn parse() -> Result<Option<Options>, String> {
+    use lexopt::prelude::*;
     let mut o = Options {
         device: 0,
         sizes: vec![16 << 20, 64 << 20, 256 << 20],
+        chunks: vec![1, 4, 16],
         reps: 10,
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        if flag == "-h" || flag == "--help" {
-            return Ok(None);
-        }
-        let value = args.next().ok_or(format!("{flag} needs a value"))?;
-        let number = |v: &str| {
-            v.parse::<usize>()
-                .map_err(|_| format!("{flag}: `{v}` is not a number"))
-        };
-        match flag.as_str() {
-            "--device" => o.device = number(&value)?,
-            "--reps" => o.reps = number(&value)?.max(1),
-            "--sizes" => {
-                o.sizes = parse_sizes(&value, None)
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
+        match arg {
+            Long("device") => o.device = args::number(&mut parser, "--device")?,
+            Long("reps") => o.reps = args::number(&mut parser, "--reps")?.max(1),
+            Long("sizes") => {
+                o.sizes = parse_sizes(&args::value(&mut parser)?, None)
                     .map_err(|e| e.to_string())?
                     .into_iter()
                     .map(|b| b as usize)
                     .collect()
             }
-            other => return Err(format!("unknown argument {other}")),
+            Long("chunks") => {
+                o.chunks = args::value(&mut parser)?
+                    .split(',')
+                    .map(|c| c.parse::<usize>().map(|n| n.max(1)))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("--chunks: {e}"))?
+            }
+            Short('h') | Long("help") => return Ok(None),
+            other => return Err(other.unexpected().to_string()),
         }
     }
     Ok(Some(o))
@@ -86,5 +92,49 @@ fn main() -> ExitCode {
             r.gbps()
         );
     }
-    ExitCode::SUCCESS
+    let (mut ok, mut header) = (true, false);
+    for &bytes in &o.sizes {
+        for &chunks in &o.chunks {
+            match two_shot(o.device, bytes, chunks, o.reps) {
+                Ok(Some(t)) => {
+                    if !header {
+                        header = true;
+                        println!(
+                            "# two-shot all-reduce whose bytes move by copies (f32 sum, GPU {} and the next)",
+                            o.device
+                        );
+                        println!(
+                            "{:>11} {:>7} {:>10} {:>12} {:>7}",
+                            "bytes", "pieces", "us", "busbw GB/s", "wrong"
+                        );
+                    }
+                    ok &= t.wrong == 0;
+                    println!(
+                        "{:>11} {:>7} {:>10.1} {:>12.1} {:>7}",
+                        t.bytes,
+                        t.chunks,
+                        t.us,
+                        t.busbw(),
+                        t.wrong
+                    );
+                }
+                Ok(None) => {
+                    println!(
+                        "# two-shot all-reduce by copies: skipped (needs two GPUs with peer access)"
+                    );
+                    return ExitCode::SUCCESS;
+                }
+                Err(e) => {
+                    eprintln!("copy-probe: two-shot of {bytes} B in {chunks} pieces: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("copy-probe: FAILED: the two-shot all-reduce got elements wrong");
+        ExitCode::FAILURE
+    }
 }
