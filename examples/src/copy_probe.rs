@@ -12,7 +12,6 @@
 //! so that copies and sums overlap. It tells what such an algorithm could reach before one
 //! is built into the peer layer.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,6 +24,8 @@ use comm_core::cuda::{
     enable_peer_access,
 };
 use comm_core::{Error, Result};
+
+use crate::host_probe::Pinned;
 
 /// One measured copy.
 #[derive(Debug, Clone)]
@@ -41,41 +42,6 @@ impl Rate {
     /// GB/s in each direction.
     pub fn gbps(&self) -> f64 {
         self.bytes as f64 / self.us / 1e3
-    }
-}
-
-/// Pinned host memory that every context can use, freed on drop.
-struct Pinned {
-    ctx: Arc<CudaContext>,
-    ptr: *mut c_void,
-}
-
-impl Pinned {
-    fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
-        ctx.bind_to_thread().map_err(driver_error)?;
-        let mut ptr: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; `bytes` of pinned memory, portable to every context.
-        unsafe { sys::cuMemHostAlloc(&mut ptr, bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }
-            .result()
-            .map_err(driver_error)?;
-        Ok(Pinned {
-            ctx: ctx.clone(),
-            ptr,
-        })
-    }
-
-    /// The address copies take (unified addressing: the host pointer itself).
-    fn addr(&self, offset: usize) -> u64 {
-        self.ptr as u64 + offset as u64
-    }
-}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: allocated by cuMemHostAlloc, freed once.
-            let _ = unsafe { sys::cuMemFreeHost(self.ptr) };
-        }
     }
 }
 
