@@ -24,6 +24,7 @@ pub mod launch;
 pub mod launch_cost;
 pub mod perf;
 pub mod step;
+pub mod usage;
 
 use comm_core::cuda::KernelSource;
 

@@ -57,16 +57,9 @@ fn parse() -> Result<Option<Options>, String> {
 }
 
 fn main() -> ExitCode {
-    let o = match parse() {
-        Ok(Some(o)) => o,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("copy-probe: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
+    let o = match comm_examples::usage::options_or_exit("copy-probe", USAGE, parse()) {
+        Ok(options) => options,
+        Err(code) => return code,
     };
     let rates = match measure(o.device, &o.sizes, o.reps) {
         Ok(r) => r,

@@ -24,17 +24,11 @@ const DEFAULT_ARCHS: &str = "sm_80,sm_90,sm_100,sm_120";
 const USAGE: &str = "usage: kernels [--arch sm_80,sm_90,...] [--resources] [--fill-cache]  (default sm_80,sm_90,sm_100,sm_120)";
 
 fn main() -> ExitCode {
-    let (archs, show_resources, fill_cache) = match parse_args() {
-        Ok(Some(args)) => args,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("error: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let (archs, show_resources, fill_cache) =
+        match comm_examples::usage::options_or_exit("kernels", USAGE, parse_args()) {
+            Ok(options) => options,
+            Err(code) => return code,
+        };
     match nvrtc_version() {
         Ok((major, minor)) => println!("nvrtc {major}.{minor}"),
         Err(e) => {
