@@ -25,9 +25,13 @@ pub(crate) const COPY_SLOTS: usize = 4;
 /// The smallest part of an all-reduce by copies that is cut further.
 const MIN_COPY_PART: usize = 1 << 20;
 
+/// The largest slot of the copy algorithm: larger parts would not copy faster, and every
+/// rank keeps `world` slots of device memory for its peers' parts.
+const MAX_COPY_SLOT: usize = 4 << 20;
+
 /// Bytes of one slot of the copy algorithm (a multiple of 16).
 pub(crate) fn copy_slot(layout: &Layout) -> usize {
-    (2 * layout.cap / COPY_SLOTS) & !15
+    (2 * layout.cap / COPY_SLOTS).min(MAX_COPY_SLOT) & !15
 }
 
 /// One launch's part of a call: bytes `offset .. offset + bytes` of every rank's message.
@@ -322,9 +326,11 @@ mod tests {
             }
         }
         let layout = Layout::new(2, 8 << 20, 1 << 20);
-        // 64 MiB: parts of a slot (4 MiB); 3 MiB: four of 768 KiB would be under the
-        // smallest part, so three of 1 MiB; 512 KiB: one.
+        // 64 MiB: parts of a slot (4 MiB, also with larger staging); 3 MiB: four of 768 KiB
+        // would be under the smallest part, so three of 1 MiB; 512 KiB: one.
         assert_eq!(Cut::copies(&layout, 64 << 20).limit, 4 << 20);
+        let larger = Layout::new(8, 64 << 20, 1 << 20);
+        assert_eq!(Cut::copies(&larger, 64 << 20).limit, 4 << 20);
         assert_eq!(Cut::copies(&layout, 3 << 20).chunks(3 << 20).count(), 3);
         assert_eq!(Cut::copies(&layout, 512 << 10).chunks(512 << 10).count(), 1);
     }
