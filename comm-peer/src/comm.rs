@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use comm_core::call::{DESCRIPTOR_BYTES, decode_verdict, encode_verdict, settle};
-use comm_core::cuda::cudarc::driver::{CudaContext, CudaStream, sys};
+use comm_core::cuda::cudarc::driver::{CudaContext, CudaStream};
 use comm_core::cuda::{driver_error, probe, raw_stream};
 use comm_core::{
     Bootstrap, CallDescriptor, Capabilities, Collective, Disagreements, Error, MemoryLocation,
@@ -498,15 +498,13 @@ fn prepare(device: usize, world: usize, config: &PeerConfig, layout: &Layout) ->
     }
     let ctx = probe::context(device)?;
     let ready = Ready::new(&ctx, world)?;
-    let sms = ctx
-        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .map_err(driver_error)?;
+    let sms = ready.sms();
     let barrier_stream = ctx.new_stream().map_err(driver_error)?;
     let scratch = Scratch::new(&barrier_stream, layout.cap)?;
     let copies = Copies::new(&ctx, &barrier_stream, layout)?;
     Ok(Prepared {
         ready,
-        sms: sms.max(1) as u32,
+        sms,
         barrier_stream,
         scratch,
         copies,

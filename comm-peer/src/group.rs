@@ -56,6 +56,11 @@ impl Ready {
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
+
+    /// The device's multiprocessors.
+    pub fn sms(&self) -> u32 {
+        self.kernels.sms()
+    }
 }
 
 /// One rank's view of a peer-memory group (see the module docs).

@@ -271,6 +271,11 @@ impl Kernels {
         })
     }
 
+    /// The device's multiprocessors (asked once, at load).
+    pub(crate) fn sms(&self) -> u32 {
+        self.sms
+    }
+
     /// The same kernels for a rank whose device `sharing` ranks drive: launches start early
     /// only while they are small enough ([`overlap_bound`]).
     pub(crate) fn shared_by(mut self, sharing: usize) -> Self {
