@@ -501,7 +501,7 @@ fn prepare(device: usize, world: usize, config: &PeerConfig, layout: &Layout) ->
     let sms = ready.sms();
     let barrier_stream = ctx.new_stream().map_err(driver_error)?;
     let scratch = Scratch::new(&barrier_stream, layout.cap)?;
-    let copies = Copies::new(&ctx, &barrier_stream, layout)?;
+    let copies = Copies::new(&ctx, &barrier_stream, layout, sms)?;
     Ok(Prepared {
         ready,
         sms,

@@ -61,17 +61,15 @@ pub(crate) struct Copies {
 }
 
 impl Copies {
-    /// The stream, events and `world` parts of staging for `layout`, on `ctx`; the staging
-    /// comes from the pool on `stream` (which it waits for).
+    /// The stream, events and `world` parts of staging for `layout`, on `ctx` (a device of
+    /// `sms` multiprocessors); the staging comes from the pool on `stream` (which it waits for).
     pub(crate) fn new(
         ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
         layout: &Layout,
+        sms: u32,
     ) -> Result<Self> {
         let slot = copy_slot(layout);
-        let sms = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(driver_error)?;
         let staging = DeviceBuffer::alloc_on(stream, layout.world * slot)?;
         stream.synchronize().map_err(driver_error)?;
         let event = || ctx.new_event(None).map_err(driver_error);
@@ -83,7 +81,7 @@ impl Copies {
             join: event()?,
             staging,
             slot,
-            sum_blocks: (sms.max(1) as u32).min(MAX_BLOCKS),
+            sum_blocks: sms.clamp(1, MAX_BLOCKS),
         })
     }
 }
