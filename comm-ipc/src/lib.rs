@@ -12,7 +12,7 @@
 //! (`PeerComm::alloc` through `Deref` -> [`IpcBuffer`]): an all-reduce whose input lies in one is read by
 //! the peers in place (zero-copy, pull algorithms), and graphs can be captured over them.
 //! The algorithms ([`Algorithm`]: `oneshot-pull`, `twoshot-pull`, `oneshot-push`,
-//! `twoshot-push`) and everything else are described in `comm-peer`.
+//! `twoshot-push`, `oneshot-copy`) and everything else are described in `comm-peer`.
 //!
 //! Settings come from [`IpcConfig`] or the environment: `COMM_IPC_MAX_BYTES`,
 //! `COMM_IPC_LAMPORT_MAX_BYTES`, `COMM_IPC_ALGO`, `COMM_IPC_TIMEOUT_SECS`,

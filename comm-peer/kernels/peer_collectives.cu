@@ -159,12 +159,39 @@ template <int DT, int OP> __device__ void peer_twoshot_push(const PeerArgs& a, c
     }
 }
 
+// oneshot-copy: the copy engines have brought every peer's part of this launch into
+// `staged` (rank p's at p * staged_pitch) and the barriers around the copies are kernels of
+// their own (comm_peer::copies); this kernel only reduces, like one-shot pull, in rank order
+// in f32, this rank's part straight from its input. It touches no peer memory and no call
+// counter; after a failed agreement or barrier (the communicator is then unusable) it
+// writes nothing.
+template <int DT, int OP> __device__ void peer_sum_staged(const PeerArgs& a) {
+    peer_wait_previous();
+    peer_let_next_start();
+    if (*(volatile const uint32_t*)&a.state->abort) return;
+    const uint64_t nvec = (a.count + PeerDt<DT>::VEC - 1) / PeerDt<DT>::VEC;
+    const bool aligned = a.aligned != 0;
+    for (uint64_t v = peer_tid(); v < nvec; v += peer_stride()) {
+        uint4 w[PEER_MAX_RANKS];
+#pragma unroll
+        for (int p = 0; p < PEER_MAX_RANKS; ++p) {
+            if (p < (int)a.world) {
+                w[p] = p == (int)a.rank
+                           ? peer_load_user<DT>(a.input, v, a.count, aligned)
+                           : reinterpret_cast<const uint4*>(a.staged + (uint64_t)p * a.staged_pitch)[v];
+            }
+        }
+        peer_store_user<DT>(a.output, v, a.count, aligned, peer_reduce<DT, OP>(a, w));
+    }
+}
+
 #define PEER_ONESHOT_PULL 0
 #define PEER_TWOSHOT_PULL 1
 #define PEER_ONESHOT_PUSH 2
 #define PEER_TWOSHOT_PUSH 3
+#define PEER_ONESHOT_COPY 4
 
-template <int ALGO, int DT, int OP> __device__ void peer_all_reduce(const PeerArgs& a) {
+template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(const PeerArgs& a) {
     PEER_PROLOGUE(a, c)
     peer_publish_call(a, c);
     const uint64_t nvec = (a.count + PeerDt<DT>::VEC - 1) / PeerDt<DT>::VEC;
@@ -176,6 +203,11 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce(const PeerAr
     constexpr bool push = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_TWOSHOT_PUSH;
     peer_epilogue(a, c, ALGO == PEER_ONESHOT_PUSH ? nvec : 0, ALGO == PEER_TWOSHOT_PUSH ? S : 0,
                   ALGO == PEER_TWOSHOT_PUSH ? nvec : 0, /*reset=*/!push);
+}
+
+template <int ALGO, int DT, int OP> __device__ void peer_all_reduce(const PeerArgs& a) {
+    if constexpr (ALGO == PEER_ONESHOT_COPY) peer_sum_staged<DT, OP>(a);
+    else peer_all_reduce_over_peers<ALGO, DT, OP>(a);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -402,6 +434,7 @@ extern "C" __global__ void peer_agree_only(PeerArgs a) {
     PEER_AR(PEER_TWOSHOT_PULL, twoshot_pull, DT, DNAME, OP, ONAME)    \
     PEER_AR(PEER_ONESHOT_PUSH, oneshot_push, DT, DNAME, OP, ONAME)    \
     PEER_AR(PEER_TWOSHOT_PUSH, twoshot_push, DT, DNAME, OP, ONAME)    \
+    PEER_AR(PEER_ONESHOT_COPY, oneshot_copy, DT, DNAME, OP, ONAME)    \
     PEER_RS(DT, DNAME, OP, ONAME)
 #define PEER_DTYPE(DT, DNAME)                 \
     PEER_OPS(DT, DNAME, COMM_SUM, sum)        \

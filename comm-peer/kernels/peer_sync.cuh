@@ -62,7 +62,8 @@
 #define PEER_MAX_BLOCKS 128
 #define PEER_TRACE_CALLS 4096  // records of the trace ring (comm_peer::trace)
 #define PEER_MAX_THREADS 512
-#define PEER_CHANNELS 4
+// Signal channels: the user's 4, then the communicator's own (comm_peer::layout).
+#define PEER_CHANNELS 6
 
 // status[0] codes (comm_peer::status mirrors them).
 #define PEER_OK 0
@@ -102,8 +103,8 @@ struct PeerState {
     uint32_t abort;  // a spin gave up: every later launch returns at once
     uint32_t pad;
     uint64_t used[3][3];  // [mailbox kind][buffer]: bytes per sender slot written by that call
-    uint32_t sent[PEER_CHANNELS][PEER_MAX_RANKS];  // user signals sent, per channel and peer
-    uint32_t seen[PEER_CHANNELS][PEER_MAX_RANKS];  // user signals consumed, per channel and peer
+    uint32_t sent[PEER_CHANNELS][PEER_MAX_RANKS];  // signals sent, per channel and peer
+    uint32_t seen[PEER_CHANNELS][PEER_MAX_RANKS];  // signals consumed, per channel and peer
 };
 
 struct PeerTable {
@@ -127,6 +128,8 @@ struct PeerArgs {
     uint64_t lcap;            // bytes of one Lamport sender slot (a multiple of 16)
     uint64_t slice_cap;       // bytes of one two-shot push slice slot (a multiple of 16)
     uint64_t off_data, off_tmp, off_push, off_recv, off_result;
+    const char* staged;       // one-shot by copies: every rank's part, in this device's memory
+    uint64_t staged_pitch;    // bytes from one rank's part to the next there
     uint64_t timeout_ns;
     uint64_t hidden;          // fused op: row length
     float eps;                // fused op

@@ -22,23 +22,31 @@ pub enum Algorithm {
     /// Lamport two-shot: slice j goes to rank j, which reduces it and pushes the result to
     /// every rank.
     TwoshotPush,
+    /// One-shot by the copy engines (`copies`): every rank's input is copied into its
+    /// region, every peer's from there into this rank's device memory, and a kernel reduces
+    /// all of it (rank order), part after part, copies out and in overlapping. Kernels
+    /// move no data across the link: for regions in host memory (GPUs without peer access),
+    /// where loads by kernels are slow and copies run at the link's rate, and large messages.
+    OneshotCopy,
 }
 
 impl Algorithm {
     /// Every algorithm, in a stable order.
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 5] = [
         Algorithm::OneshotPull,
         Algorithm::TwoshotPull,
         Algorithm::OneshotPush,
         Algorithm::TwoshotPush,
+        Algorithm::OneshotCopy,
     ];
 
     /// Every name [`Algorithm::ALL`] goes by, in the same order.
-    pub const NAMES: [&'static str; 4] = [
+    pub const NAMES: [&'static str; 5] = [
         "oneshot-pull",
         "twoshot-pull",
         "oneshot-push",
         "twoshot-push",
+        "oneshot-copy",
     ];
 
     /// The name users and `comm-select` pass (`oneshot-pull`, ...).
@@ -53,6 +61,8 @@ impl Algorithm {
             Algorithm::TwoshotPull => TrafficPattern::TwoShotPull,
             Algorithm::OneshotPush => TrafficPattern::OneShotPush,
             Algorithm::TwoshotPush => TrafficPattern::TwoShotPush,
+            // What crosses the link is what one-shot pull reads.
+            Algorithm::OneshotCopy => TrafficPattern::OneShotPull,
         }
     }
 
@@ -63,6 +73,7 @@ impl Algorithm {
             Algorithm::TwoshotPull => "twoshot_pull",
             Algorithm::OneshotPush => "oneshot_push",
             Algorithm::TwoshotPush => "twoshot_push",
+            Algorithm::OneshotCopy => "oneshot_copy",
         }
     }
 

@@ -18,6 +18,22 @@ use crate::layout::Layout;
 /// A limit that never cuts: the largest multiple of 16.
 const WHOLE: usize = usize::MAX & !15;
 
+/// Slots the copy algorithm cuts the staging area (`2 * cap`) into: a slot is written
+/// again `COPY_SLOTS` parts later, once every rank has copied it.
+pub(crate) const COPY_SLOTS: usize = 4;
+
+/// The smallest part of an all-reduce by copies that is cut further.
+const MIN_COPY_PART: usize = 1 << 20;
+
+/// The largest slot of the copy algorithm: larger parts would not copy faster, and every
+/// rank keeps `world` slots of device memory for its peers' parts.
+const MAX_COPY_SLOT: usize = 4 << 20;
+
+/// Bytes of one slot of the copy algorithm (a multiple of 16).
+pub(crate) fn copy_slot(layout: &Layout) -> usize {
+    (2 * layout.cap / COPY_SLOTS).min(MAX_COPY_SLOT) & !15
+}
+
 /// One launch's part of a call: bytes `offset .. offset + bytes` of every rank's message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Chunk {
@@ -48,8 +64,23 @@ impl Cut {
             (Algorithm::OneshotPull | Algorithm::TwoshotPull, false) => layout.cap,
             (Algorithm::TwoshotPull, true) => layout.cap * layout.world,
             (Algorithm::OneshotPull, true) => WHOLE,
+            (Algorithm::OneshotCopy, _) => copy_slot(layout),
         };
         Cut::contiguous(limit)
+    }
+
+    /// An all-reduce by copies of `bytes` per rank: parts of a quarter of the message, so
+    /// that copies out and in overlap, but at least [`MIN_COPY_PART`] (each part costs two
+    /// barriers, a copy per peer and a kernel) and at most a slot.
+    pub(crate) fn copies(layout: &Layout, bytes: usize) -> Cut {
+        let slot = copy_slot(layout);
+        Cut::contiguous(
+            bytes
+                .div_ceil(COPY_SLOTS)
+                .max(MIN_COPY_PART)
+                .next_multiple_of(16)
+                .min(slot),
+        )
     }
 
     /// A broadcast: the root stages its part in a staging half.
@@ -185,6 +216,9 @@ mod tests {
                                         assert!(nvec * 16 <= layout.lcap);
                                         assert!(slice * 16 <= layout.slice_cap);
                                     }
+                                    (Algorithm::OneshotCopy, _) => {
+                                        assert!(nvec * 16 <= copy_slot(&layout))
+                                    }
                                 }
                             }
                         }
@@ -200,6 +234,8 @@ mod tests {
             for algorithm in Algorithm::ALL {
                 let limit = if algorithm.is_push() {
                     layout.lcap
+                } else if algorithm == Algorithm::OneshotCopy {
+                    copy_slot(&layout)
                 } else {
                     layout.cap
                 };
@@ -273,6 +309,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn copies_come_in_quarters_of_at_least_a_mebibyte_within_a_slot() {
+        for layout in layouts() {
+            let slot = copy_slot(&layout);
+            assert!(slot % 16 == 0 && COPY_SLOTS * slot <= 2 * layout.cap);
+            for size in SIZES {
+                for bytes in sizes(&layout, size).into_iter().chain([64 << 20, 3 << 20]) {
+                    let cut = Cut::copies(&layout, bytes);
+                    for c in check_cover(cut, bytes, size) {
+                        assert!(c.bytes <= slot, "{c:?} of a {slot} B slot");
+                    }
+                }
+            }
+        }
+        let layout = Layout::new(2, 8 << 20, 1 << 20);
+        // 64 MiB: parts of a slot (4 MiB, also with larger staging); 3 MiB: four of 768 KiB
+        // would be under the smallest part, so three of 1 MiB; 512 KiB: one.
+        assert_eq!(Cut::copies(&layout, 64 << 20).limit, 4 << 20);
+        let larger = Layout::new(8, 64 << 20, 1 << 20);
+        assert_eq!(Cut::copies(&larger, 64 << 20).limit, 4 << 20);
+        assert_eq!(Cut::copies(&layout, 3 << 20).chunks(3 << 20).count(), 3);
+        assert_eq!(Cut::copies(&layout, 512 << 10).chunks(512 << 10).count(), 1);
     }
 
     #[test]

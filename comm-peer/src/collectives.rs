@@ -58,7 +58,7 @@ impl PeerComm {
             // One-shot pull in place would overwrite an input that peers are still reading.
             Algorithm::OneshotPull => !in_place,
             Algorithm::TwoshotPull => true,
-            Algorithm::OneshotPush | Algorithm::TwoshotPush => false,
+            Algorithm::OneshotPush | Algorithm::TwoshotPush | Algorithm::OneshotCopy => false,
         };
         let zero_copy = reads_in_place
             .then(|| self.registry.find(send, bytes))
@@ -114,6 +114,9 @@ impl PeerComm {
                 .map_err(driver_error)?;
             }
             return Ok(());
+        }
+        if plan.algorithm == Algorithm::OneshotCopy {
+            return self.reduce_by_copies(&agreed, send_addr, recv_addr, bytes);
         }
         let kernel =
             all_reduce_kernel(plan.algorithm, call.dtype, call.op.unwrap_or(ReduceOp::Sum));

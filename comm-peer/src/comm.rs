@@ -18,6 +18,7 @@ use comm_core::{
 use crate::algorithm::{Algorithm, parse_choice};
 use crate::calls::{self, CallWords};
 use crate::config::PeerConfig;
+use crate::copies::Copies;
 use crate::group::{PeerGroup, Ready};
 use crate::kernels::{DTYPES, OPS, PeerArgs, default_grid};
 use crate::layout::{Layout, MAX_BLOCKS, MAX_THREADS};
@@ -25,6 +26,12 @@ use crate::registered::Registered;
 use crate::scratch::Scratch;
 use crate::source::PeerSource;
 use crate::zero_copy::{PeerBuffer, Registry};
+
+/// The smallest message that goes by copies where the regions are host memory. One GPU's
+/// copy engines carry ~55 GB/s each way to and from host memory (one H200, copy-probe),
+/// where the host-memory kernels moved 1 MiB in 102 us and 64 MiB in 4.3 ms (2 x H200,
+/// graphs; NCCL without P2P: 61 us and 2.36 ms): by copies, 1 MiB each way takes ~19 us.
+pub const COPIES_FROM: usize = 1 << 20;
 
 /// One rank of a communicator over peer memory (see the crate docs).
 ///
@@ -52,6 +59,8 @@ pub struct PeerComm {
     pub(crate) barrier_stream: Arc<CudaStream>,
     /// Where every rank's parts of a strided call cut into launches meet (`chunks`).
     pub(crate) scratch: Scratch,
+    /// The stream, events and staging of all-reduces by copies (`copies`).
+    pub(crate) copies: Copies,
 }
 
 impl fmt::Debug for PeerComm {
@@ -111,6 +120,7 @@ impl PeerComm {
             ready,
             barrier_stream,
             scratch,
+            copies,
             ..
         } = local?;
         let mut sms = u32::MAX;
@@ -143,6 +153,7 @@ impl PeerComm {
             name,
             group: PeerGroup::new(ready, bootstrap.rank(), world, memory, timeout),
             scratch,
+            copies,
             barrier_stream,
             algorithm: Cell::new(config.algorithm),
             registry: Arc::new(Registry::default()),
@@ -221,10 +232,15 @@ impl PeerComm {
     /// share a device default to pull: there the peers' data is in the same memory and
     /// the sentinel passes of push cost more than a barrier (8 ranks on one H200, 42 KB in
     /// graphs: one-shot pull 7.96 us, one-shot push 8.80).
+    ///
+    /// Where the regions are host memory, messages of [`COPIES_FROM`] bytes and more go by
+    /// copies ([`Algorithm::OneshotCopy`]).
     pub fn algorithm_for(&self, bytes: usize) -> Algorithm {
         let chosen = self.algorithm.get().unwrap_or_else(|| {
             let auto = Algorithm::auto(self.group.world_size(), bytes);
-            if self.group.sharing() > 1 {
+            if self.group.host_memory() && bytes >= COPIES_FROM {
+                Algorithm::OneshotCopy
+            } else if self.group.sharing() > 1 {
                 auto.pull()
             } else {
                 auto
@@ -470,6 +486,7 @@ struct Prepared {
     sms: u32,
     barrier_stream: Arc<CudaStream>,
     scratch: Scratch,
+    copies: Copies,
 }
 
 fn prepare(device: usize, world: usize, config: &PeerConfig, layout: &Layout) -> Result<Prepared> {
@@ -484,11 +501,13 @@ fn prepare(device: usize, world: usize, config: &PeerConfig, layout: &Layout) ->
     let sms = ready.sms();
     let barrier_stream = ctx.new_stream().map_err(driver_error)?;
     let scratch = Scratch::new(&barrier_stream, layout.cap)?;
+    let copies = Copies::new(&ctx, &barrier_stream, layout, sms)?;
     Ok(Prepared {
         ready,
         sms,
         barrier_stream,
         scratch,
+        copies,
     })
 }
 

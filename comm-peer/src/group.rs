@@ -13,7 +13,7 @@ use comm_core::cuda::{DeviceBuffer, driver_error, probe};
 use comm_core::{Error, RawStream, Result};
 
 use crate::kernels::{Kernels, PeerArgs};
-use crate::layout::{CHANNELS, HEADER_BYTES, MAX_RANKS, STATE_BYTES};
+use crate::layout::{ALL_CHANNELS, CHANNELS, HEADER_BYTES, MAX_RANKS, STATE_BYTES};
 use crate::source::PeerSource;
 use crate::status::Status;
 use crate::trace::Trace;
@@ -246,9 +246,9 @@ impl PeerGroup {
         ticket: u32,
     ) -> Result<()> {
         self.live()?;
-        if channel >= CHANNELS {
+        if channel >= ALL_CHANNELS {
             return Err(Error::InvalidArgument(format!(
-                "peer memory: channel {channel} of {CHANNELS}"
+                "peer memory: channel {channel} of {ALL_CHANNELS}"
             )));
         }
         if peer >= self.world || (peer == self.rank && kernel != "peer_barrier_kernel") {
@@ -270,6 +270,7 @@ impl PeerGroup {
     /// Enqueues on `stream`: the next signal to `peer` on `channel` (everything this
     /// rank's stream wrote before is visible to `peer` once its matching wait returns).
     pub fn put_signal(&self, stream: RawStream, peer: usize, channel: usize) -> Result<()> {
+        user_channel(channel)?;
         self.primitive(
             "peer_put_signal_kernel",
             stream,
@@ -289,12 +290,19 @@ impl PeerGroup {
         channel: usize,
         timeout: Duration,
     ) -> Result<()> {
+        user_channel(channel)?;
         self.primitive("peer_wait_signal_kernel", stream, peer, channel, timeout, 0)
     }
 
     /// Enqueues on `stream`: a signal to every peer on `channel`, then a wait for all.
     pub fn barrier(&self, stream: RawStream, channel: usize) -> Result<()> {
+        user_channel(channel)?;
         self.barrier_with_ticket(stream, channel, 0)
+    }
+
+    /// [`Self::barrier`] on one of the communicator's own channels (after the user's).
+    pub(crate) fn own_barrier(&self, stream: RawStream, own: usize) -> Result<()> {
+        self.barrier_with_ticket(stream, CHANNELS + own, 0)
     }
 
     /// The barrier kernel; a non-zero `ticket` is handed to the status once every rank
@@ -331,6 +339,17 @@ impl PeerGroup {
             status.check(timeout).map(|()| false)
         });
         self.recorded().and(waited.map_err(|e| self.fail(e)))
+    }
+}
+
+/// A channel the user may signal on: one of the first [`CHANNELS`].
+fn user_channel(channel: usize) -> Result<()> {
+    if channel < CHANNELS {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "peer memory: channel {channel} of {CHANNELS}"
+        )))
     }
 }
 

@@ -60,6 +60,8 @@ pub(crate) struct PeerArgs {
     pub off_push: u64,
     pub off_recv: u64,
     pub off_result: u64,
+    pub staged: u64,
+    pub staged_pitch: u64,
     pub timeout_ns: u64,
     pub hidden: u64,
     pub eps: f32,
@@ -159,7 +161,7 @@ pub(crate) fn all_reduce_work(
 ) -> usize {
     let nvec = count.div_ceil(16 / dtype.size());
     match algorithm {
-        Algorithm::OneshotPull | Algorithm::OneshotPush => nvec,
+        Algorithm::OneshotPull | Algorithm::OneshotPush | Algorithm::OneshotCopy => nvec,
         Algorithm::TwoshotPull | Algorithm::TwoshotPush => nvec.div_ceil(world.max(1)),
     }
 }
@@ -445,7 +447,8 @@ mod tests {
     #[test]
     fn every_loaded_name_is_a_kernel_of_the_source() {
         let names = every_kernel_name();
-        assert_eq!(names.len(), 8 + 3 * 4 * 5);
+        // 8 kernels by name, and per dtype (3) and op (4): 5 all-reduces, 1 reduce-scatter.
+        assert_eq!(names.len(), 8 + 3 * 4 * 6);
         for n in names
             .iter()
             .filter(|n| !n.contains("_f32_") && !n.contains("_f16_") && !n.contains("_bf16_"))

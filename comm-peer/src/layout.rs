@@ -14,16 +14,22 @@ pub const MAX_BLOCKS: u32 = 128;
 pub const MAX_THREADS: u32 = 512;
 /// User signal channels of the primitives.
 pub const CHANNELS: usize = 4;
+/// Channels the communicator keeps for itself, after the user's: the copy algorithm's
+/// (`copies`: parts staged, parts read).
+pub const OWN_CHANNELS: usize = 2;
+/// Every channel of the pads and signal counters.
+pub const ALL_CHANNELS: usize = CHANNELS + OWN_CHANNELS;
 /// Words of a call descriptor the kernels compare (`PeerCall`: the words and a tag).
 pub const CALL_WORDS: usize = 7;
 /// Bytes of the pad peers write: `flags[2][MAX_BLOCKS][MAX_RANKS]` +
-/// `chan[CHANNELS][MAX_RANKS]` (u32) + `calls[2][MAX_RANKS]` of `CALL_WORDS + 1` u64 (each
+/// `chan[ALL_CHANNELS][MAX_RANKS]` (u32) + `calls[2][MAX_RANKS]` of `CALL_WORDS + 1` u64 (each
 /// word tagged with its call).
-pub const PAD_BYTES: usize = (2 * MAX_BLOCKS as usize * MAX_RANKS + CHANNELS * MAX_RANKS) * 4
+pub const PAD_BYTES: usize = (2 * MAX_BLOCKS as usize * MAX_RANKS + ALL_CHANNELS * MAX_RANKS) * 4
     + 2 * MAX_RANKS * (CALL_WORDS + 1) * 8;
 /// Bytes of `PeerState`, this rank's own bookkeeping (MAX_BLOCKS + 2 u32, 3 x 3 u64,
-/// 2 x CHANNELS x MAX_RANKS u32), kept in device memory beside the region, not in it.
-pub const STATE_BYTES: usize = (MAX_BLOCKS as usize + 2) * 4 + 72 + 2 * CHANNELS * MAX_RANKS * 4;
+/// 2 x ALL_CHANNELS x MAX_RANKS u32), kept in device memory beside the region, not in it.
+pub const STATE_BYTES: usize =
+    (MAX_BLOCKS as usize + 2) * 4 + 72 + 2 * ALL_CHANNELS * MAX_RANKS * 4;
 /// Bytes before the first data area (the pad, rounded up).
 pub const HEADER_BYTES: usize = 12 << 10;
 /// Lamport buffers that rotate.
@@ -144,7 +150,7 @@ mod tests {
             ("PEER_MAX_RANKS", MAX_RANKS),
             ("PEER_MAX_BLOCKS", MAX_BLOCKS as usize),
             ("PEER_MAX_THREADS", MAX_THREADS as usize),
-            ("PEER_CHANNELS", CHANNELS),
+            ("PEER_CHANNELS", ALL_CHANNELS),
             ("PEER_CALL_WORDS", CALL_WORDS),
         ] {
             assert!(h.contains(&format!("#define {name} {v}\n")), "{name} {v}");

@@ -112,6 +112,7 @@ pub fn run_rank(bootstrap: Arc<dyn Bootstrap>, opts: &Options) -> bool {
             Algorithm::OneshotPull,
             Algorithm::OneshotPush,
             Algorithm::TwoshotPush,
+            Algorithm::OneshotCopy,
         ] {
             let started = Instant::now();
             report(

@@ -49,9 +49,9 @@ OPTIONS:
                          (one table each) [default: every default backend of the mode]
     --algo NAME          algorithm of the backend to measure (e.g. symm: oneshot, twoshot,
                          lamport; ipc: oneshot-pull, twoshot-pull, oneshot-push,
-                         twoshot-push); repeat or comma-separate for several, one table
-                         each; `all` for every one [default: the backend's own choice;
-                         all with --tune]
+                         twoshot-push, oneshot-copy); repeat or comma-separate for
+                         several, one table each; `all` for every one [default: the
+                         backend's own choice; all with --tune]
     --list-backends      print the backends of this build and exit
     --ranks N            in-process ranks when not under a launcher [default: 4]
     --bootstrap MODE     threads, env or mpi [default: detected: env or mpi under
