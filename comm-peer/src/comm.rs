@@ -27,10 +27,10 @@ use crate::scratch::Scratch;
 use crate::source::PeerSource;
 use crate::zero_copy::{PeerBuffer, Registry};
 
-/// The smallest message that goes by copies where the regions are host memory. One GPU's
-/// copy engines carry ~55 GB/s each way to and from host memory (one H200, copy-probe),
-/// where the host-memory kernels moved 1 MiB in 102 us and 64 MiB in 4.3 ms (2 x H200,
-/// graphs; NCCL without P2P: 61 us and 2.36 ms): by copies, 1 MiB each way takes ~19 us.
+/// The smallest message that goes by copies where the regions are host memory: where the
+/// copies caught up with the host-memory kernels on one H200 with two ranks (graphs, 1 MiB:
+/// 145 us both; 256 KiB: copies 84 us, kernels 60 us; 64 MiB: copies 3.9 ms, kernels
+/// 8.0 ms; BENCHMARKS.md, 2026-12-01). Not yet measured with one GPU per rank.
 pub const COPIES_FROM: usize = 1 << 20;
 
 /// One rank of a communicator over peer memory (see the crate docs).

@@ -5,7 +5,7 @@
 //! reference, on the device, and returns the count. Both run on the view's stream.
 
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, result, sys};
 
@@ -26,6 +26,11 @@ pub struct PatternKernels {
     fill: Vec<CudaFunction>,
     check: Vec<CudaFunction>,
     max_blocks: u32,
+    /// The check's count of wrong elements. Kept for the kernels' life: a `cuMemFree` waits
+    /// for the whole device, so a buffer freed per check deadlocks ranks that share the
+    /// device in one process (the free waits for a peer's kernel, which waits for this
+    /// rank's next call; the driver's lock held by the free also stops the peer's enqueues).
+    counter: Mutex<super::DeviceBuffer>,
 }
 
 impl PatternKernels {
@@ -46,6 +51,7 @@ impl PatternKernels {
             fill: load("comm_fill")?,
             check: load("comm_check_all_reduce")?,
             max_blocks: (sms.max(1) as u32) * 8,
+            counter: Mutex::new(super::DeviceBuffer::alloc(ctx, 8)?),
         })
     }
 
@@ -76,7 +82,9 @@ impl PatternKernels {
         if buf.is_empty() {
             return Ok(0);
         }
-        let counter = super::DeviceBuffer::alloc(&self.ctx, 8)?;
+        // Held until the count is read: checks from several threads take turns.
+        let counter = self.counter.lock().unwrap_or_else(|e| e.into_inner());
+        self.ctx.bind_to_thread().map_err(driver_error)?;
         let raw = cu_stream(stream);
         // SAFETY: an 8-byte allocation of this context, on a stream of it.
         unsafe { result::memset_d8_async(counter.device_ptr(), 0, 8, raw) }

@@ -159,6 +159,9 @@ impl Run<'_> {
                 ..Measured::unchecked(median_us)
             };
             if !cfg.check {
+                if let Some(graph) = graph {
+                    self.retire_graphs(vec![graph])?;
+                }
                 measured.push(timed);
                 continue;
             }
@@ -166,13 +169,19 @@ impl Run<'_> {
             if !in_place {
                 recv.poison(0xff)?;
             }
-            match graph {
-                None => calls(send, recv, 1)?,
-                Some(timed) => {
-                    self.replay_checked(memory, timed, in_place, || calls(send, recv, 1))?;
+            let graphs = match graph {
+                None => {
+                    calls(send, recv, 1)?;
+                    Vec::new()
                 }
-            }
+                Some(timed) => {
+                    self.replay_checked(memory, timed, in_place, || calls(send, recv, 1))?
+                }
+            };
             self.drain(memory)?;
+            if !graphs.is_empty() {
+                self.retire_graphs(graphs)?;
+            }
             let out = if in_place { &*send } else { &*recv };
             let wrong = kernels.check_all_reduce(out.view(0, n)?, cfg.op, seed(2), ranks as u32)?;
             let bytes = out.read()?;

@@ -41,22 +41,32 @@ impl Run<'_> {
     /// Out of place it is a replay of the `timed` graph itself: each of its calls writes
     /// the same result. In place each call would reduce the result of the one before, and
     /// the reference is that of one all-reduce (as the eager check makes one call), so it
-    /// is a replay of a graph of the one call that `enqueue_one` enqueues.
+    /// is a replay of a graph of the one call that `enqueue_one` enqueues. Returns the
+    /// graphs, for [`Run::retire_graphs`] once the replay has drained.
     pub(super) fn replay_checked(
         &self,
         memory: &DeviceMemory,
         timed: CudaGraph,
         in_place: bool,
         enqueue_one: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        let graph = if in_place {
-            drop(timed);
-            crate::graph::capture(memory.stream(), enqueue_one)?
-        } else {
-            timed
-        };
-        // Dropping the graph while its replay runs is safe: the driver frees it when the
-        // replay completes.
-        graph.launch().map_err(driver_error)
+    ) -> Result<Vec<CudaGraph>> {
+        let mut graphs = vec![timed];
+        if in_place {
+            graphs.push(crate::graph::capture(memory.stream(), enqueue_one)?);
+        }
+        let checked = graphs.last().expect("the timed graph at least");
+        checked.launch().map_err(driver_error)?;
+        Ok(graphs)
+    }
+
+    /// Destroys `graphs`, whose replays this rank has drained, while no rank has work on
+    /// the device. `cuGraphExecDestroy` can wait for the device and meanwhile hold a driver
+    /// lock that every launch of the process needs: ranks that are threads sharing a GPU
+    /// then deadlock, one destroying while a peer's kernel spins for a call that the other
+    /// thread cannot enqueue. Hence a host barrier on each side of the destruction.
+    pub(super) fn retire_graphs(&self, graphs: Vec<CudaGraph>) -> Result<()> {
+        self.ctl.barrier()?;
+        drop(graphs);
+        self.ctl.barrier()
     }
 }
