@@ -357,12 +357,20 @@ extern "C" __global__ void peer_wait_signal_kernel(PeerArgs a) {
     if (threadIdx.x == 0) peer_wait_signal(a, c, a.peer, a.channel);
 }
 
+// A barrier the host waits for carries a ticket (count != 0): once every rank has arrived,
+// the kernel hands it to the host-mapped status, and the host reads it there instead of
+// waiting for the stream (whose completion may reach the host late where ranks share a
+// device: comm_peer::PeerGroup::barrier_and_wait).
 extern "C" __global__ void peer_barrier_kernel(PeerArgs a) {
     PEER_PROLOGUE(a, c)
     const uint32_t p = threadIdx.x;
     if (p < a.world && p != a.rank) {
         peer_put_signal(a, c, p, a.channel);
         peer_wait_signal(a, c, p, a.channel);
+    }
+    if (a.count != 0) {
+        __syncthreads();
+        if (threadIdx.x == 0 && !*c.dead) *(volatile uint32_t*)&a.status[PEER_STATUS_BARRIER] = (uint32_t)a.count;
     }
 }
 

@@ -71,6 +71,9 @@
 #define PEER_TIMEOUT_SIGNAL 3
 #define PEER_MISMATCH 4
 #define PEER_TIMEOUT_CALL 5
+// The status word after the record: the ticket of the last barrier the host waits for
+// (peer_barrier_kernel with a non-zero ticket in PeerArgs.count) that saw every rank.
+#define PEER_STATUS_BARRIER 18
 
 // Words of a call descriptor (comm_peer::kernels::CALL_WORDS).
 #define PEER_CALL_WORDS 7
@@ -115,7 +118,7 @@ struct PeerArgs {
     const char* weight;       // fused op: RMSNorm weight [hidden]
     const PeerTable* regions; // every rank's region, as mapped in this process
     const PeerTable* inputs;  // zero-copy: every rank's registered input buffer; else null
-    uint32_t* status;         // host-mapped: [code, rank, phase, peer, mine[7], theirs[7]]
+    uint32_t* status;         // host-mapped: [code, rank, phase, peer, mine[7], theirs[7], barrier]
     PeerState* state;         // this rank's bookkeeping, in its device's memory
     uint64_t* trace;          // diagnostic ring of PEER_TRACE_CALLS records of 8 words, or null
     uint64_t in_off;          // zero-copy: byte offset of the input in its registered buffer

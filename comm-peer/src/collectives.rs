@@ -246,11 +246,10 @@ impl PeerComm {
         Ok(())
     }
 
-    /// A device barrier of every rank (signals on channel 0), waited for here.
+    /// A device barrier of every rank (signals on channel 0), waited for here
+    /// ([`crate::PeerGroup::barrier_and_wait`]).
     pub fn device_barrier(&self) -> Result<()> {
-        self.group.live()?;
         let stream: RawStream = raw_stream(&self.barrier_stream);
-        self.group.barrier(stream, 0)?;
-        self.group.synchronize(stream)
+        self.group.barrier_and_wait(stream, 0)
     }
 }

@@ -2,13 +2,13 @@
 //! the host-mapped status, the bound on waits, the poisoned flag, bounded host waits, and
 //! the signal primitives (`put_signal`, `wait_signal`, `barrier`) as one-block kernels.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use comm_core::cuda::cudarc::driver::CudaContext;
-use comm_core::cuda::stream::wait_stream;
+use comm_core::cuda::stream::{poll_until, wait_stream};
 use comm_core::cuda::{DeviceBuffer, driver_error, probe};
 use comm_core::{Error, RawStream, Result};
 
@@ -70,6 +70,8 @@ pub struct PeerGroup {
     trace: Option<Trace>,
     timeout: Duration,
     dead: RefCell<Option<String>>,
+    /// The ticket of the last barrier waited for here ([`Self::barrier_and_wait`]).
+    barriers: Cell<u32>,
 }
 
 impl fmt::Debug for PeerGroup {
@@ -94,11 +96,7 @@ impl PeerGroup {
         source: Box<dyn PeerSource>,
         timeout: Duration,
     ) -> Self {
-        let kernels = if source.sharing() > 1 {
-            ready.kernels.without_overlap()
-        } else {
-            ready.kernels
-        };
+        let kernels = ready.kernels.shared_by(source.sharing());
         PeerGroup {
             ctx: ready.ctx,
             rank,
@@ -110,6 +108,7 @@ impl PeerGroup {
             trace: ready.trace.map(|t| t.for_rank(rank)),
             timeout,
             dead: RefCell::new(None),
+            barriers: Cell::new(0),
         }
     }
 
@@ -239,6 +238,7 @@ impl PeerGroup {
         peer: usize,
         channel: usize,
         timeout: Duration,
+        ticket: u32,
     ) -> Result<()> {
         self.live()?;
         if channel >= CHANNELS {
@@ -256,6 +256,7 @@ impl PeerGroup {
             peer: peer as u32,
             channel: channel as u32,
             timeout_ns: timeout.as_nanos().min(u128::from(u64::MAX)) as u64,
+            count: u64::from(ticket),
             ..self.base_args()
         };
         self.launch(kernel, (1, 32), stream, &args)
@@ -270,6 +271,7 @@ impl PeerGroup {
             peer,
             channel,
             self.timeout,
+            0,
         )
     }
 
@@ -282,18 +284,48 @@ impl PeerGroup {
         channel: usize,
         timeout: Duration,
     ) -> Result<()> {
-        self.primitive("peer_wait_signal_kernel", stream, peer, channel, timeout)
+        self.primitive("peer_wait_signal_kernel", stream, peer, channel, timeout, 0)
     }
 
     /// Enqueues on `stream`: a signal to every peer on `channel`, then a wait for all.
     pub fn barrier(&self, stream: RawStream, channel: usize) -> Result<()> {
+        self.barrier_with_ticket(stream, channel, 0)
+    }
+
+    /// The barrier kernel; a non-zero `ticket` is handed to the status once every rank
+    /// has arrived.
+    fn barrier_with_ticket(&self, stream: RawStream, channel: usize, ticket: u32) -> Result<()> {
         self.primitive(
             "peer_barrier_kernel",
             stream,
             self.rank,
             channel,
             self.timeout,
+            ticket,
         )
+    }
+
+    /// [`Self::barrier`] on `stream`, then a bounded wait here until its kernel has seen
+    /// every rank arrive.
+    ///
+    /// The kernel says so in the host-mapped status; the host does not wait for `stream`.
+    /// Where ranks share a device in one process, the first rank's barrier stream was
+    /// measured to complete (as the host sees it) only once a peer's next kernel, spinning
+    /// until this rank's next call, had given up: as if the two streams shared a hardware
+    /// queue. Work enqueued on `stream` after the barrier still follows it.
+    pub fn barrier_and_wait(&self, stream: RawStream, channel: usize) -> Result<()> {
+        self.live()?;
+        let ticket = self.barriers.get().wrapping_add(1).max(1);
+        self.barriers.set(ticket);
+        self.barrier_with_ticket(stream, channel, ticket)?;
+        let (status, timeout) = (&self.status, self.timeout);
+        let waited = poll_until(timeout + HOST_MARGIN, "a peer-memory barrier", || {
+            if status.barrier_passed() == ticket {
+                return Ok(true);
+            }
+            status.check(timeout).map(|()| false)
+        });
+        self.recorded().and(waited.map_err(|e| self.fail(e)))
     }
 }
 

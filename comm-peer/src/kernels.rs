@@ -3,11 +3,12 @@
 //! loaded up front, and the one launch path every kernel goes through (so that launch attributes, such
 //! as programmatic dependent launch, are set in one place).
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
-use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result};
+use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result, sys};
 use comm_core::cuda::stream::cu_stream;
 use comm_core::cuda::{KernelCache, KernelSource, driver_error, launch_overlapping};
 use comm_core::{DType, Error, RawStream, ReduceOp, Result};
@@ -181,14 +182,59 @@ fn every_kernel_name() -> Vec<String> {
     names
 }
 
+/// Which launches may start while the previous kernel of their stream finishes
+/// (programmatic stream serialization, sm_90+; every kernel waits for that kernel in its
+/// prologue before it reads anything).
+#[derive(Debug)]
+enum Overlap {
+    /// None: the device predates sm_90.
+    Never,
+    /// Every launch: this rank is the only one on its device.
+    Always,
+    /// Ranks share the device. A kernel started early stays resident while it waits, and
+    /// holds room that a peer's kernel, which this rank's current one waits for, may need.
+    /// So only launches of at most `blocks` blocks start early, and only after a launch as
+    /// small (`last`: the previous launch's grid): see [`overlap_bound`].
+    Bounded { blocks: u32, last: Cell<u32> },
+}
+
+impl Overlap {
+    /// Whether the next launch, of `blocks` blocks, may start early (it is noted as the
+    /// previous launch of the next question).
+    fn admits(&self, blocks: u32) -> bool {
+        match self {
+            Overlap::Never => false,
+            Overlap::Always => true,
+            Overlap::Bounded { blocks: most, last } => {
+                let small = blocks <= *most && last.get() <= *most;
+                last.set(blocks);
+                small
+            }
+        }
+    }
+}
+
+/// The largest grid whose launches may start early where `sharing` ranks share a device of
+/// `sms` multiprocessors (every kernel fits one block per SM).
+///
+/// Suppose a rank's kernel k (at most `b` blocks, after a kernel k - 1 of at most `b`) is
+/// not resident yet. Each of the other `sharing - 1` ranks holds at most its kernels k - 1
+/// (spinning for this rank) and k (started early, waiting): `2 b` blocks. This rank's
+/// older kernels wait for nobody and finish. So its kernel k finds room when
+/// `(sharing - 1) 2 b + b <= sms`.
+pub(crate) fn overlap_bound(sms: u32, sharing: usize) -> u32 {
+    let sharing = u32::try_from(sharing).unwrap_or(u32::MAX).max(1);
+    sms / (2 * sharing - 1)
+}
+
 /// The module of one context and every function of it.
 #[derive(Debug)]
 pub(crate) struct Kernels {
     ctx: Arc<CudaContext>,
     functions: HashMap<String, CudaFunction>,
-    /// Launch with programmatic stream serialization (sm_90+): a kernel may start while the
-    /// previous one of its stream finishes (the kernels wait for it in their prologue).
-    overlap: bool,
+    /// The device's multiprocessors.
+    sms: u32,
+    overlap: Overlap,
 }
 
 impl Kernels {
@@ -208,18 +254,30 @@ impl Kernels {
             })
             .collect::<Result<_>>()?;
         let (major, _) = ctx.compute_capability().map_err(driver_error)?;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver_error)?;
         Ok(Kernels {
             ctx: ctx.clone(),
             functions,
-            overlap: major >= 9,
+            sms: sms.max(1) as u32,
+            overlap: if major >= 9 {
+                Overlap::Always
+            } else {
+                Overlap::Never
+            },
         })
     }
 
-    /// The same kernels launched one after another only: for ranks that share a device,
-    /// where a kernel started early (and resident while it waits for the previous one)
-    /// could hold the room a peer's running kernel needs, which waits for this rank's.
-    pub(crate) fn without_overlap(mut self) -> Self {
-        self.overlap = false;
+    /// The same kernels for a rank whose device `sharing` ranks drive: launches start early
+    /// only while they are small enough ([`overlap_bound`]).
+    pub(crate) fn shared_by(mut self, sharing: usize) -> Self {
+        if sharing > 1 && !matches!(self.overlap, Overlap::Never) {
+            self.overlap = Overlap::Bounded {
+                blocks: overlap_bound(self.sms, sharing),
+                last: Cell::new(u32::MAX),
+            };
+        }
         self
     }
 
@@ -242,7 +300,7 @@ impl Kernels {
         self.ctx.bind_to_thread().map_err(driver_error)?;
         let mut args = *args;
         let mut params = [&mut args as *mut PeerArgs as *mut c_void];
-        if !self.overlap {
+        if !self.overlap.admits(blocks) {
             // SAFETY: the function comes from a module loaded into this context; its one
             // parameter is `PeerArgs`, which `PeerArgs` here mirrors (#[repr(C)]); the
             // driver copies the parameter before returning.
@@ -336,6 +394,25 @@ mod tests {
         let bytes: usize = rust.iter().map(|f| f.1).sum();
         assert_eq!(std::mem::size_of::<PeerArgs>(), bytes);
         assert_eq!(std::mem::align_of::<PeerArgs>(), 8);
+    }
+
+    #[test]
+    fn ranks_sharing_a_device_start_only_small_launches_early() {
+        // 132 SMs: 8 ranks may each hold two launches of 8 blocks and still leave room
+        // for the one that is not resident yet (7 x 16 + 8 = 120); 2 ranks, 44.
+        assert_eq!(overlap_bound(132, 8), 8);
+        assert_eq!(overlap_bound(132, 2), 44);
+        assert_eq!(overlap_bound(132, 1), 132);
+        let bounded = Overlap::Bounded {
+            blocks: 8,
+            last: Cell::new(u32::MAX),
+        };
+        // Not the first launch (whatever ran before is unknown), then small after small,
+        // never a large one, nor a small one right after a large one.
+        let admitted: Vec<bool> = [6, 6, 6, 16, 6, 6].map(|b| bounded.admits(b)).to_vec();
+        assert_eq!(admitted, [false, true, true, false, false, true]);
+        assert!(Overlap::Always.admits(128));
+        assert!(!Overlap::Never.admits(1));
     }
 
     #[test]

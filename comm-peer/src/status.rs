@@ -24,6 +24,11 @@ const TIMEOUT_CALL: u32 = 5;
 /// Words of the record: `[code, rank, phase, peer]`, then (for a mismatch) this rank's call
 /// and the peer's, `CALL_WORDS` each.
 const WORDS: usize = 4 + 2 * CALL_WORDS;
+/// The word after the record: the ticket of the last barrier the host waits for whose
+/// kernel saw every rank arrive (the kernels' `PEER_STATUS_BARRIER`).
+const BARRIER_WORD: usize = WORDS;
+/// Words allocated: the record and the barrier word.
+const ALLOCATED: usize = WORDS + 1;
 
 /// The host-mapped record (see [`WORDS`]).
 #[derive(Debug)]
@@ -43,8 +48,8 @@ impl Status {
     pub(crate) fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
         ctx.bind_to_thread().map_err(driver_error)?;
         let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; WORDS words of pinned, device-mapped memory.
-        unsafe { sys::cuMemHostAlloc(&mut host, 4 * WORDS, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+        // SAFETY: valid out-pointer; ALLOCATED words of pinned, device-mapped memory.
+        unsafe { sys::cuMemHostAlloc(&mut host, 4 * ALLOCATED, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
             .result()
             .map_err(driver_error)?;
         let mut device = 0;
@@ -56,7 +61,7 @@ impl Status {
             ctx: ctx.clone(),
         };
         got.map_err(driver_error)?;
-        for i in 0..WORDS {
+        for i in 0..ALLOCATED {
             // SAFETY: words of our allocation.
             unsafe { status.host.add(i).write_volatile(0) };
         }
@@ -66,6 +71,12 @@ impl Status {
     /// The address kernels write to.
     pub(crate) fn device_ptr(&self) -> u64 {
         self.device
+    }
+
+    /// The ticket of the last waited-for barrier whose kernel saw every rank (0: none yet).
+    pub(crate) fn barrier_passed(&self) -> u32 {
+        // SAFETY: a word of our allocation, written by kernels only.
+        unsafe { self.host.add(BARRIER_WORD).read_volatile() }
     }
 
     /// `Err(Timeout)` once a kernel has recorded a failed wait, `Err(Mismatch)` naming both
@@ -135,6 +146,7 @@ mod tests {
             ("PEER_TIMEOUT_SIGNAL", super::TIMEOUT_SIGNAL),
             ("PEER_MISMATCH", super::MISMATCH),
             ("PEER_TIMEOUT_CALL", super::TIMEOUT_CALL),
+            ("PEER_STATUS_BARRIER", super::BARRIER_WORD as u32),
         ] {
             assert!(h.contains(&format!("#define {name} {v}\n")), "{name}");
         }

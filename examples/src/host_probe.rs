@@ -34,15 +34,15 @@ const WALK_BYTES: usize = 512 << 20;
 const CHAIN_LINKS: usize = 4096;
 const CHAIN_STRIDE_WORDS: usize = 4160 / 8;
 
-/// Pinned host memory mapped into every context (portable), freed on drop.
-struct Pinned {
+/// Pinned host memory mapped into every context (portable), zeroed, freed on drop.
+pub(crate) struct Pinned {
     ctx: Arc<CudaContext>,
     host: *mut u64,
     bytes: usize,
 }
 
 impl Pinned {
-    fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
+    pub(crate) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
         ctx.bind_to_thread().map_err(driver_error)?;
         let mut host: *mut c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
@@ -58,6 +58,12 @@ impl Pinned {
         // SAFETY: `bytes` bytes of our allocation.
         unsafe { std::ptr::write_bytes(pinned.host.cast::<u8>(), 0, bytes) };
         Ok(pinned)
+    }
+
+    /// The host address of byte `offset`, which copies take as it is (unified addressing).
+    pub(crate) fn addr(&self, offset: usize) -> u64 {
+        assert!(offset <= self.bytes);
+        self.host as u64 + offset as u64
     }
 
     /// The allocation's address in `ctx`'s device.

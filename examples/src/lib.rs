@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod backends;
+pub mod copy_probe;
 pub mod gpu;
 pub mod graph;
 pub mod host_probe;
@@ -23,6 +24,7 @@ pub mod launch;
 pub mod launch_cost;
 pub mod perf;
 pub mod step;
+pub mod usage;
 
 use comm_core::cuda::KernelSource;
 
@@ -39,6 +41,7 @@ pub fn all_kernel_sources() -> Vec<(&'static str, KernelSource)> {
                 step::fused::ADD_RMSNORM,
                 launch_cost::LAUNCH_PROBE,
                 host_probe::HOST_PROBE,
+                copy_probe::COPY_PROBE,
             ],
         ),
     ];

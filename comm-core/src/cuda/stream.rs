@@ -51,23 +51,36 @@ pub fn wait_stream(
     let event = Event::new()?;
     // SAFETY: both handles are live; the event belongs to the current context.
     unsafe { result::event::record(event.0, cu_stream(stream)) }.map_err(driver_error)?;
+    poll_until(timeout, "GPU work on the stream", || {
+        // SAFETY: the event is live for the whole wait.
+        match unsafe { result::event::query(event.0) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => check().map(|()| false),
+            Err(e) => Err(driver_error(e)),
+        }
+    })
+}
+
+/// Polls `ready` until it says yes (`Ok(true)`) or fails, at most `timeout`, after which
+/// the wait gives up with [`Error::Timeout`] naming `what`. Spins at first, so that a short
+/// wait returns at once, then sleeps 50 us between polls, so that a long one costs no core.
+pub fn poll_until(
+    timeout: Duration,
+    what: &str,
+    mut ready: impl FnMut() -> Result<bool>,
+) -> Result<()> {
     let start = Instant::now();
     let mut spins = 0u32;
     loop {
-        // SAFETY: the event is live.
-        match unsafe { result::event::query(event.0) } {
-            Ok(()) => return Ok(()),
-            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => {}
-            Err(e) => return Err(driver_error(e)),
+        if ready()? {
+            return Ok(());
         }
-        check()?;
         if start.elapsed() >= timeout {
             return Err(Error::Timeout {
-                what: "GPU work on the stream".into(),
+                what: what.into(),
                 after: timeout,
             });
         }
-        // Spin briefly for short collectives, then back off so a long wait costs no core.
         spins += 1;
         if spins < 1000 {
             std::hint::spin_loop();
@@ -92,5 +105,38 @@ impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: created by `new`, destroyed once; failure leaves nothing to do.
         let _ = unsafe { result::event::destroy(self.0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poll_ends_when_ready_fails_or_times_out() {
+        let mut polls = 0;
+        poll_until(Duration::from_secs(5), "ready on the third poll", || {
+            polls += 1;
+            Ok(polls == 3)
+        })
+        .unwrap();
+        assert_eq!(polls, 3);
+
+        let failed = poll_until(Duration::from_secs(5), "fails", || {
+            Err(Error::Aborted("a peer gave up".into()))
+        });
+        assert!(matches!(failed, Err(Error::Aborted(_))), "{failed:?}");
+
+        let bound = Duration::from_millis(30);
+        let started = Instant::now();
+        let never = poll_until(bound, "never ready", || Ok(false));
+        assert!(started.elapsed() >= bound);
+        match never {
+            Err(Error::Timeout { what, after }) => {
+                assert_eq!(what, "never ready");
+                assert_eq!(after, bound);
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
     }
 }

@@ -23,16 +23,9 @@ const USAGE: &str = "usage: gpu-bench --backend ipc|symm-cuda [--ranks N | --pro
 
 fn main() -> ExitCode {
     comm_examples::launch::prefer_more_hardware_queues();
-    let opts = match parse() {
-        Ok(Some(o)) => o,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("gpu-bench: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
+    let opts = match comm_examples::usage::options_or_exit("gpu-bench", USAGE, parse()) {
+        Ok(options) => options,
+        Err(code) => return code,
     };
     match run(&opts) {
         Ok(true) => ExitCode::SUCCESS,

@@ -25,16 +25,9 @@ const USAGE: &str = "usage: gpu-check --backend ipc|symm-cuda [--algo NAME,...] 
 
 fn main() -> ExitCode {
     comm_examples::launch::prefer_more_hardware_queues();
-    let (opts, ranks) = match parse() {
-        Ok(Some(v)) => v,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("gpu-check: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
+    let (opts, ranks) = match comm_examples::usage::options_or_exit("gpu-check", USAGE, parse()) {
+        Ok(options) => options,
+        Err(code) => return code,
     };
     let passed = match ranks {
         Some(n) => {

@@ -59,16 +59,9 @@ fn parse() -> Result<Option<Options>, String> {
 }
 
 fn main() -> ExitCode {
-    let o = match parse() {
-        Ok(Some(o)) => o,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("host-probe: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
+    let o = match comm_examples::usage::options_or_exit("host-probe", USAGE, parse()) {
+        Ok(options) => options,
+        Err(code) => return code,
     };
     let report = match measure(o.device, &o.sizes, &o.blocks, o.reps) {
         Ok(r) => r,

@@ -10,27 +10,25 @@
 //!
 //! `--resources` also lists, per entry of each `sm_XX` image, the registers, stack frame and
 //! spills per thread (ptxas's report), marking the entries that use local memory.
+//!
+//! `--fill-cache` compiles through the kernel cache instead, so that the images land in its
+//! folder (`COMM_KERNEL_CACHE`, ...): a GPU machine given that folder loads them at once.
 
 use std::process::ExitCode;
 
-use comm_core::cuda::kernels::{Image, compile, nvrtc_version, resources};
+use std::sync::Arc;
+
+use comm_core::cuda::kernels::{Image, KernelCache, compile, nvrtc_version, resources};
 
 const DEFAULT_ARCHS: &str = "sm_80,sm_90,sm_100,sm_120";
-const USAGE: &str =
-    "usage: kernels [--arch sm_80,sm_90,...] [--resources]  (default sm_80,sm_90,sm_100,sm_120)";
+const USAGE: &str = "usage: kernels [--arch sm_80,sm_90,...] [--resources] [--fill-cache]  (default sm_80,sm_90,sm_100,sm_120)";
 
 fn main() -> ExitCode {
-    let (archs, show_resources) = match parse_args() {
-        Ok(Some(args)) => args,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("error: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let (archs, show_resources, fill_cache) =
+        match comm_examples::usage::options_or_exit("kernels", USAGE, parse_args()) {
+            Ok(options) => options,
+            Err(code) => return code,
+        };
     match nvrtc_version() {
         Ok((major, minor)) => println!("nvrtc {major}.{minor}"),
         Err(e) => {
@@ -41,9 +39,14 @@ fn main() -> ExitCode {
     let mut failures = 0;
     for (krate, source) in comm_examples::all_kernel_sources() {
         for arch in archs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-            match compile(&source, arch) {
+            let image = if fill_cache {
+                KernelCache::global().image(&source, arch)
+            } else {
+                compile(&source, arch).map(Arc::new)
+            };
+            match image {
                 Ok(image) => {
-                    let kind = match image {
+                    let kind = match *image {
                         Image::Cubin(_) => "cubin",
                         Image::Ptx(_) => "ptx",
                     };
@@ -100,19 +103,21 @@ fn print_resources(source: &comm_core::cuda::KernelSource, arch: &str) -> usize 
 }
 
 /// `--arch LIST` and `--resources`, or `None` for `--help`.
-fn parse_args() -> Result<Option<(String, bool)>, lexopt::Error> {
+fn parse_args() -> Result<Option<(String, bool, bool)>, lexopt::Error> {
     use lexopt::prelude::*;
 
     let mut archs = DEFAULT_ARCHS.to_string();
     let mut show_resources = false;
+    let mut fill_cache = false;
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
             Long("arch") => archs = parser.value()?.string()?,
             Long("resources") => show_resources = true,
+            Long("fill-cache") => fill_cache = true,
             Short('h') | Long("help") => return Ok(None),
             _ => return Err(arg.unexpected()),
         }
     }
-    Ok(Some((archs, show_resources)))
+    Ok(Some((archs, show_resources, fill_cache)))
 }

@@ -39,7 +39,9 @@ OPTIONS:
     -d, --dtype T        f32, f64, f16, bf16, i32, i64, u8 [default: f32]
     -o, --op OP          sum, prod, min, max, avg [default: sum]
     -n, --iters N        timed iterations per size and placement [default: as many as
-                         fit in 0.25 s, 3 to 20, from the slowest rank's first call]
+                         fit in 0.25 s, 3 to 20, from the slowest rank's first call];
+                         device backends with ranks sharing a GPU in this process: at
+                         most 2048 / (ranks per GPU), which they can queue together
     -w, --warmup N       untimed iterations per size and placement [default: as many as
                          fit in 0.05 s, 1 to 5]; the first size also gets up to 500
                          untimed calls, at most 0.2 s, before anything is timed

@@ -191,16 +191,13 @@ where
 
 /// The program: exit 0 when every backend ran and matched the reference.
 pub fn main() -> ExitCode {
-    let cfg = match parse(std::env::args_os().skip(1)) {
-        Ok(Some(cfg)) => cfg,
-        Ok(None) => {
-            print!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("verify-step: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
+    let cfg = match crate::usage::options_or_exit(
+        "verify-step",
+        USAGE,
+        parse(std::env::args_os().skip(1)),
+    ) {
+        Ok(options) => options,
+        Err(code) => return code,
     };
     let mode = if launched() { Mode::Env } else { Mode::Threads };
     let names = expand(&cfg.backends, mode);
