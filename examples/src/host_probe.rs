@@ -9,9 +9,12 @@
 //!   in 16-byte vectors, as a one-shot all-reduce reads its peers' data: the span from the
 //!   first block's start to the last block's end, median over fresh parts of a buffer
 //!   larger than L2 (nothing is read twice);
-//! - **ping-pong** (two GPUs): a flag bounced between the GPUs through host memory; half a
-//!   round is what one GPU's write takes to be seen by the other, the least any exchange
-//!   through host memory can cost.
+//! - **ping-pong**: a flag bounced through host memory between two GPUs, or with one GPU
+//!   between two kernels on two streams of it; half a round is what a write takes to be seen
+//!   by the other side, the least any exchange through host memory can cost. It runs in
+//!   memory allocated by the driver and in a shared-memory file registered with it (as
+//!   comm-symm's host backing maps its heap), each with and without a system fence after
+//!   each write.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -39,9 +42,86 @@ pub(crate) struct Pinned {
     ctx: Arc<CudaContext>,
     host: *mut u64,
     bytes: usize,
+    registered: bool,
+}
+
+/// Where a ping-pong's flags live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostMemory {
+    /// `cuMemHostAlloc` (portable, device-mapped).
+    Allocated,
+    /// A `memfd` mapped shared and registered with `cuMemHostRegister` (portable,
+    /// device-mapped), as comm-symm's host backing maps its heap.
+    Registered,
+}
+
+impl HostMemory {
+    /// Its name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            HostMemory::Allocated => "cuMemHostAlloc",
+            HostMemory::Registered => "memfd + cuMemHostRegister",
+        }
+    }
 }
 
 impl Pinned {
+    /// `bytes` of shared memory from a `memfd`, registered with the driver, zeroed.
+    fn registered(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
+        let os = |what: &str| {
+            let e = std::io::Error::last_os_error();
+            Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
+        };
+        let name = c"host-probe";
+        // SAFETY: a valid C string.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(os("memfd_create"));
+        }
+        // SAFETY: `fd` is ours; the mapping keeps the memory after the descriptor closes.
+        let host = unsafe {
+            let ok = libc::ftruncate(fd, bytes as libc::off_t) == 0;
+            let ptr = if ok {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    bytes,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            } else {
+                libc::MAP_FAILED
+            };
+            libc::close(fd);
+            ptr
+        };
+        if host == libc::MAP_FAILED {
+            return Err(os("ftruncate/mmap"));
+        }
+        ctx.bind_to_thread().map_err(driver_error)?;
+        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+        // SAFETY: `bytes` of our mapping, page-aligned.
+        if let Err(e) = unsafe { sys::cuMemHostRegister_v2(host, bytes, flags) }.result() {
+            // SAFETY: our mapping, unmapped once.
+            unsafe { libc::munmap(host, bytes) };
+            return Err(driver_error(e));
+        }
+        Ok(Pinned {
+            ctx: ctx.clone(),
+            host: host.cast(),
+            bytes,
+            registered: true,
+        })
+    }
+
+    fn of(memory: HostMemory, ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
+        match memory {
+            HostMemory::Allocated => Pinned::new(ctx, bytes),
+            HostMemory::Registered => Pinned::registered(ctx, bytes),
+        }
+    }
+
     pub(crate) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
         ctx.bind_to_thread().map_err(driver_error)?;
         let mut host: *mut c_void = std::ptr::null_mut();
@@ -54,6 +134,7 @@ impl Pinned {
             ctx: ctx.clone(),
             host: host.cast(),
             bytes,
+            registered: false,
         };
         // SAFETY: `bytes` bytes of our allocation.
         unsafe { std::ptr::write_bytes(pinned.host.cast::<u8>(), 0, bytes) };
@@ -86,7 +167,14 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
+        if self.registered {
+            if self.ctx.bind_to_thread().is_ok() {
+                // SAFETY: registered in `registered`, unregistered once.
+                let _ = unsafe { sys::cuMemHostUnregister(self.host.cast()) };
+            }
+            // SAFETY: our mapping of `bytes`, unmapped once.
+            unsafe { libc::munmap(self.host.cast(), self.bytes) };
+        } else if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: allocated by cuMemHostAlloc, freed once.
             let _ = unsafe { sys::cuMemFreeHost(self.host.cast()) };
         }
@@ -189,7 +277,7 @@ pub struct Move {
 }
 
 /// What `measure` found.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Report {
     /// One dependent load of host memory, ns.
     pub host_load_ns: f64,
@@ -197,9 +285,21 @@ pub struct Report {
     pub device_load_ns: f64,
     /// Reads and writes of host memory by message size and grid.
     pub moves: Vec<Move>,
-    /// Half a round of the flag between GPU 0 and GPU 1 through host memory, ns (None with
-    /// one GPU).
-    pub one_way_ns: Option<f64>,
+    /// Flags bounced through host memory.
+    pub pingpongs: Vec<PingPong>,
+}
+
+/// One ping-pong: where, in which memory, fenced or not, and what half a round took.
+#[derive(Debug)]
+pub struct PingPong {
+    /// True between two GPUs, false between two streams of one GPU.
+    pub two_gpus: bool,
+    /// Where the flags live.
+    pub memory: HostMemory,
+    /// A system fence after each write.
+    pub fence: bool,
+    /// Half a round, ns; or why it failed (a side that never saw the other's write).
+    pub one_way_ns: Result<f64>,
 }
 
 /// Runs every probe on GPU `ordinal` (and the ping-pong with the next GPU, if any):
@@ -272,25 +372,37 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
             });
         }
     }
-    let one_way_ns = if gpus > 1 {
-        Some(pingpong(&gpu, &Gpu::new((ordinal + 1) % gpus)?, 10_000)?)
-    } else {
-        None
-    };
+    // With one GPU the other side is a second stream of it (another DeviceMemory).
+    let two_gpus = gpus > 1;
+    let other = Gpu::new((ordinal + usize::from(two_gpus)) % gpus)?;
+    let mut pingpongs = Vec::new();
+    for memory in [HostMemory::Allocated, HostMemory::Registered] {
+        for fence in [true, false] {
+            let one_way_ns = pingpong(&gpu, &other, 10_000, memory, fence);
+            pingpongs.push(PingPong {
+                two_gpus,
+                memory,
+                fence,
+                one_way_ns,
+            });
+        }
+    }
     Ok(Report {
         host_load_ns,
         device_load_ns,
         moves,
-        one_way_ns,
+        pingpongs,
     })
 }
 
-/// Half a round (ns) of a flag bounced `rounds` times between `a` and `b`.
-fn pingpong(a: &Gpu, b: &Gpu, rounds: u64) -> Result<f64> {
-    // Two flags a cache line apart, and each side's two result words.
-    let flags = Pinned::new(a.ctx(), 256)?;
+/// Half a round (ns) of a flag bounced `rounds` times between `a` and `b` (which may be
+/// two streams of one GPU: both kernels run at once) through `memory`.
+fn pingpong(a: &Gpu, b: &Gpu, rounds: u64, memory: HostMemory, fence: bool) -> Result<f64> {
+    // Two flags a cache line apart (a page: registered memory is whole pages), and each
+    // side's two result words.
+    let flags = Pinned::of(memory, a.ctx(), 4096)?;
     let times = [Pinned::new(a.ctx(), 16)?, Pinned::new(a.ctx(), 16)?];
-    let limit_ns: u64 = 10_000_000_000;
+    let limit_ns: u64 = 2_000_000_000;
     for (side, gpu) in [a, b].into_iter().enumerate() {
         let base = flags.device(gpu.ctx())?;
         let (mut out, mut inp) = if side == 0 {
@@ -299,10 +411,11 @@ fn pingpong(a: &Gpu, b: &Gpu, rounds: u64) -> Result<f64> {
             (base + 128, base)
         };
         let (mut rounds, mut first, mut limit) = (rounds, i32::from(side == 0), limit_ns);
+        let mut fence = i32::from(fence);
         let mut t = times[side].device(gpu.ctx())?;
-        let mut params = comm_core::kernel_params![out, inp, rounds, first, limit, t];
-        // SAFETY: (u64* out, const u64* in, u64 rounds, int first, u64 limit_ns, u64* times):
-        // both flags and both result words are mapped host memory.
+        let mut params = comm_core::kernel_params![out, inp, rounds, first, limit, fence, t];
+        // SAFETY: (u64* out, const u64* in, u64 rounds, int first, u64 limit_ns, int fence,
+        // u64* times): both flags and both result words are mapped host memory.
         unsafe { gpu.launch(&gpu.pingpong, 1, 32, &mut params)? };
     }
     a.memory.synchronize()?;

@@ -78,11 +78,23 @@ fn main() -> ExitCode {
         "one dependent load: host memory {:.0} ns, device memory {:.0} ns",
         report.host_load_ns, report.device_load_ns
     );
-    match report.one_way_ns {
-        Some(ns) => println!(
-            "a flag from one GPU to the other through host memory: {ns:.0} ns (half a round)"
-        ),
-        None => println!("flag between GPUs: skipped (one GPU)"),
+    for p in &report.pingpongs {
+        let between = if p.two_gpus {
+            "two GPUs"
+        } else {
+            "two streams of one GPU"
+        };
+        let fence = if p.fence { "fenced" } else { "no fence" };
+        match &p.one_way_ns {
+            Ok(ns) => println!(
+                "a flag between {between} through host memory ({}, {fence}): {ns:.0} ns (half a round)",
+                p.memory.name()
+            ),
+            Err(e) => println!(
+                "a flag between {between} through host memory ({}, {fence}): failed: {e}",
+                p.memory.name()
+            ),
+        }
     }
     println!(
         "{:>10} {:>7} {:>10} {:>10} {:>11} {:>11}",
