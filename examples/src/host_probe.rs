@@ -14,7 +14,7 @@
 //!   by the other side, the least any exchange through host memory can cost. It runs in
 //!   memory allocated by the driver and in a shared-memory file registered with it (as
 //!   comm-symm's host backing maps its heap), each with and without a system fence after
-//!   each write.
+//!   each write, on one page or on a new page each round (as rotating mailboxes are).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -33,6 +33,10 @@ pub const HOST_PROBE: KernelSource = KernelSource {
 const THREADS: u32 = 512;
 /// The buffer the move probe walks through: larger than any L2, so every read misses.
 const WALK_BYTES: usize = 512 << 20;
+/// Pages the rotating ping-pong walks (16 MiB of 4 KiB pages, more than any TLB maps).
+const ROTATING_PAGES: usize = 4096;
+const PAGE: usize = 4096;
+
 /// Chain links, one per 4 KiB page and then some, so that no two share a line.
 const CHAIN_LINKS: usize = 4096;
 const CHAIN_STRIDE_WORDS: usize = 4160 / 8;
@@ -298,6 +302,8 @@ pub struct PingPong {
     pub memory: HostMemory,
     /// A system fence after each write.
     pub fence: bool,
+    /// Pages the flags rotate through, a new one each round (1: always the same).
+    pub pages: usize,
     /// Half a round, ns; or why it failed (a side that never saw the other's write).
     pub one_way_ns: Result<f64>,
 }
@@ -378,13 +384,16 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
     let mut pingpongs = Vec::new();
     for memory in [HostMemory::Allocated, HostMemory::Registered] {
         for fence in [true, false] {
-            let one_way_ns = pingpong(&gpu, &other, 10_000, memory, fence);
-            pingpongs.push(PingPong {
-                two_gpus,
-                memory,
-                fence,
-                one_way_ns,
-            });
+            for pages in [1, ROTATING_PAGES] {
+                let one_way_ns = pingpong(&gpu, &other, 10_000, memory, fence, pages);
+                pingpongs.push(PingPong {
+                    two_gpus,
+                    memory,
+                    fence,
+                    pages,
+                    one_way_ns,
+                });
+            }
         }
     }
     Ok(Report {
@@ -396,11 +405,18 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
 }
 
 /// Half a round (ns) of a flag bounced `rounds` times between `a` and `b` (which may be
-/// two streams of one GPU: both kernels run at once) through `memory`.
-fn pingpong(a: &Gpu, b: &Gpu, rounds: u64, memory: HostMemory, fence: bool) -> Result<f64> {
-    // Two flags a cache line apart (a page: registered memory is whole pages), and each
-    // side's two result words.
-    let flags = Pinned::of(memory, a.ctx(), 4096)?;
+/// two streams of one GPU: both kernels run at once) through `memory`, round r on page
+/// r % `pages`.
+fn pingpong(
+    a: &Gpu,
+    b: &Gpu,
+    rounds: u64,
+    memory: HostMemory,
+    fence: bool,
+    pages: usize,
+) -> Result<f64> {
+    // Two flags a cache line apart on each page, and each side's two result words.
+    let flags = Pinned::of(memory, a.ctx(), pages * PAGE)?;
     let times = [Pinned::new(a.ctx(), 16)?, Pinned::new(a.ctx(), 16)?];
     let limit_ns: u64 = 2_000_000_000;
     for (side, gpu) in [a, b].into_iter().enumerate() {
@@ -412,10 +428,13 @@ fn pingpong(a: &Gpu, b: &Gpu, rounds: u64, memory: HostMemory, fence: bool) -> R
         };
         let (mut rounds, mut first, mut limit) = (rounds, i32::from(side == 0), limit_ns);
         let mut fence = i32::from(fence);
+        let (mut pages, mut page_words) = (pages as u64, (PAGE / 8) as u64);
         let mut t = times[side].device(gpu.ctx())?;
-        let mut params = comm_core::kernel_params![out, inp, rounds, first, limit, fence, t];
+        let mut params =
+            comm_core::kernel_params![out, inp, rounds, first, limit, fence, pages, page_words, t];
         // SAFETY: (u64* out, const u64* in, u64 rounds, int first, u64 limit_ns, int fence,
-        // u64* times): both flags and both result words are mapped host memory.
+        // u64 pages, u64 page_words, u64* times): both flags of every page and both result
+        // words are mapped host memory.
         unsafe { gpu.launch(&gpu.pingpong, 1, 32, &mut params)? };
     }
     a.memory.synchronize()?;

@@ -85,15 +85,18 @@ fn main() -> ExitCode {
             "two streams of one GPU"
         };
         let fence = if p.fence { "fenced" } else { "no fence" };
+        let pages = if p.pages == 1 {
+            "one page".to_string()
+        } else {
+            format!("a new page of {} each round", p.pages)
+        };
+        let what = format!(
+            "a flag between {between} through host memory ({}, {fence}, {pages})",
+            p.memory.name()
+        );
         match &p.one_way_ns {
-            Ok(ns) => println!(
-                "a flag between {between} through host memory ({}, {fence}): {ns:.0} ns (half a round)",
-                p.memory.name()
-            ),
-            Err(e) => println!(
-                "a flag between {between} through host memory ({}, {fence}): failed: {e}",
-                p.memory.name()
-            ),
+            Ok(ns) => println!("{what}: {ns:.0} ns (half a round)"),
+            Err(e) => println!("{what}: failed: {e}"),
         }
     }
     println!(
