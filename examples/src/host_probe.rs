@@ -12,8 +12,9 @@
 //! - **ping-pong**: a flag bounced through host memory between two GPUs, or with one GPU
 //!   between two kernels on two streams of it; half a round is what a write takes to be seen
 //!   by the other side, the least any exchange through host memory can cost. It runs in
-//!   memory allocated by the driver and in a shared-memory file registered with it (as
-//!   comm-symm's host backing maps its heap), each with and without a system fence after
+//!   memory allocated by the driver, in a shared-memory file registered with it (as
+//!   comm-symm's host backing maps its heap) and in VMM host memory (`cuMemCreate` on the
+//!   host NUMA node), each with and without a system fence after
 //!   each write, on one page or on a new page each round (as rotating mailboxes are).
 
 use std::ffi::c_void;
@@ -23,6 +24,7 @@ use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result, sys};
 use comm_core::cuda::stream::cu_stream;
 use comm_core::cuda::{DeviceMemory, KernelCache, KernelSource, device_count, driver_error};
 use comm_core::{Error, Result};
+use comm_symm::cuda::VmmMapping;
 
 /// The probe kernels.
 pub const HOST_PROBE: KernelSource = KernelSource {
@@ -57,6 +59,9 @@ pub enum HostMemory {
     /// A `memfd` mapped shared and registered with `cuMemHostRegister` (portable,
     /// device-mapped), as comm-symm's host backing maps its heap.
     Registered,
+    /// `cuMemCreate` on the host NUMA node, exportable as a file descriptor, mapped into
+    /// the devices (what a host heap shared between processes could be instead).
+    Vmm,
 }
 
 impl HostMemory {
@@ -65,6 +70,7 @@ impl HostMemory {
         match self {
             HostMemory::Allocated => "cuMemHostAlloc",
             HostMemory::Registered => "memfd + cuMemHostRegister",
+            HostMemory::Vmm => "cuMemCreate, host NUMA",
         }
     }
 }
@@ -117,13 +123,6 @@ impl Pinned {
             bytes,
             registered: true,
         })
-    }
-
-    fn of(memory: HostMemory, ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
-        match memory {
-            HostMemory::Allocated => Pinned::new(ctx, bytes),
-            HostMemory::Registered => Pinned::registered(ctx, bytes),
-        }
     }
 
     pub(crate) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
@@ -382,7 +381,11 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
     let two_gpus = gpus > 1;
     let other = Gpu::new((ordinal + usize::from(two_gpus)) % gpus)?;
     let mut pingpongs = Vec::new();
-    for memory in [HostMemory::Allocated, HostMemory::Registered] {
+    for memory in [
+        HostMemory::Allocated,
+        HostMemory::Registered,
+        HostMemory::Vmm,
+    ] {
         for fence in [true, false] {
             for pages in [1, ROTATING_PAGES] {
                 let one_way_ns = pingpong(&gpu, &other, 10_000, memory, fence, pages);
@@ -416,7 +419,7 @@ fn pingpong(
     pages: usize,
 ) -> Result<f64> {
     // Two flags a cache line apart on each page, and each side's two result words.
-    let flags = Pinned::of(memory, a.ctx(), pages * PAGE)?;
+    let flags = Flags::new(memory, a, b, pages * PAGE)?;
     let times = [Pinned::new(a.ctx(), 16)?, Pinned::new(a.ctx(), 16)?];
     let limit_ns: u64 = 2_000_000_000;
     for (side, gpu) in [a, b].into_iter().enumerate() {
@@ -449,6 +452,37 @@ fn pingpong(
         });
     }
     Ok(times[0].word(0) as f64 / rounds as f64 / 2.0)
+}
+
+/// The flags of one ping-pong, in the memory under test.
+enum Flags {
+    Pinned(Pinned),
+    Vmm(VmmMapping),
+}
+
+impl Flags {
+    /// `bytes` of `memory`, reachable from the devices of `a` and `b`.
+    fn new(memory: HostMemory, a: &Gpu, b: &Gpu, bytes: usize) -> Result<Self> {
+        Ok(match memory {
+            HostMemory::Allocated => Flags::Pinned(Pinned::new(a.ctx(), bytes)?),
+            HostMemory::Registered => Flags::Pinned(Pinned::registered(a.ctx(), bytes)?),
+            HostMemory::Vmm => {
+                let mut devices = vec![a.ctx()];
+                if b.ctx().ordinal() != a.ctx().ordinal() {
+                    devices.push(b.ctx());
+                }
+                Flags::Vmm(VmmMapping::create_in_host(&devices, bytes)?)
+            }
+        })
+    }
+
+    /// The flags' address in `ctx`'s device.
+    fn device(&self, ctx: &Arc<CudaContext>) -> Result<u64> {
+        match self {
+            Flags::Pinned(p) => p.device(ctx),
+            Flags::Vmm(v) => Ok(v.ptr()),
+        }
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
