@@ -69,6 +69,23 @@ pub(crate) fn vmm_size(ctx: &CudaContext, bytes: usize) -> Result<usize> {
     granular(&prop(ctx), bytes)
 }
 
+/// `bytes` rounded up to the VMM granularity of host memory near `ctx`'s device.
+pub(crate) fn vmm_host_size(ctx: &CudaContext, bytes: usize) -> Result<usize> {
+    granular(&host_prop(ctx), bytes)
+}
+
+/// Host memory on the NUMA node nearest `ctx`'s device (node 0 where the driver cannot say).
+fn host_prop(ctx: &CudaContext) -> sys::CUmemAllocationProp {
+    let numa = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)
+        .unwrap_or(0)
+        .max(0);
+    prop_at(sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA,
+        id: numa,
+    })
+}
+
 fn granular(p: &sys::CUmemAllocationProp, bytes: usize) -> Result<usize> {
     let mut gran = 0usize;
     // SAFETY: valid out-pointer and property.
@@ -116,14 +133,7 @@ impl VmmMapping {
             .first()
             .ok_or_else(|| Error::InvalidArgument("host VMM memory for no device".into()))?;
         ctx.bind_to_thread().map_err(driver_error)?;
-        let numa = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)
-            .unwrap_or(0)
-            .max(0);
-        let p = prop_at(sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA,
-            id: numa,
-        });
+        let p = host_prop(ctx);
         let size = granular(&p, bytes)?;
         let mut handle = 0;
         // SAFETY: valid out-pointer and property; size is granularity-aligned.
