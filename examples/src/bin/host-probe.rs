@@ -78,11 +78,26 @@ fn main() -> ExitCode {
         "one dependent load: host memory {:.0} ns, device memory {:.0} ns",
         report.host_load_ns, report.device_load_ns
     );
-    match report.one_way_ns {
-        Some(ns) => println!(
-            "a flag from one GPU to the other through host memory: {ns:.0} ns (half a round)"
-        ),
-        None => println!("flag between GPUs: skipped (one GPU)"),
+    for p in &report.pingpongs {
+        let between = if p.two_gpus {
+            "two GPUs"
+        } else {
+            "two streams of one GPU"
+        };
+        let fence = if p.fence { "fenced" } else { "no fence" };
+        let pages = if p.pages == 1 {
+            "one page".to_string()
+        } else {
+            format!("a new page of {} each round", p.pages)
+        };
+        let what = format!(
+            "a flag between {between} through host memory ({}, {fence}, {pages})",
+            p.memory.name()
+        );
+        match &p.one_way_ns {
+            Ok(ns) => println!("{what}: {ns:.0} ns (half a round)"),
+            Err(e) => println!("{what}: failed: {e}"),
+        }
     }
     println!(
         "{:>10} {:>7} {:>10} {:>10} {:>11} {:>11}",
