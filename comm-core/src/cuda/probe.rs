@@ -14,8 +14,9 @@ use crate::error::{Error, Result};
 
 /// File name of the CUDA driver library.
 pub const LIBCUDA: &str = "libcuda.so.1";
-/// File name of the NVRTC library `cudarc` looks for with feature `cuda-13000`.
-pub const LIBNVRTC: &str = "libnvrtc.so.13";
+/// The NVRTC library `cudarc` looks for with feature `cuda-13000`: CUDA 13's, else CUDA 12's
+/// (whose NVRTC 12.8 builds every kernel for sm_90 and sm_120, scripts/cuda12-check).
+pub const LIBNVRTC: &str = "libnvrtc.so.13 or libnvrtc.so.12";
 
 /// Why a probe failed, kept so that later calls fail the same way without retrying.
 #[derive(Debug, Clone)]
