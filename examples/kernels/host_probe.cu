@@ -102,3 +102,27 @@ extern "C" __global__ void host_probe_pingpong(u64* out, const u64* in, u64 roun
     }
     times[0] = probe_now() - t0;
 }
+
+// One block stores `nvec` 16-byte vectors into `wbuf` (host or device memory), with a
+// system fence after them if `fence`; then thread 0 loads the host word at `probe`.
+// times[0] = the load's ns, times[1] = ns from the first store to the load, times[2] = the
+// word loaded: the store of it waits for the load, and the clock is read after that store.
+// If reads wait for a GPU's earlier writes to host memory (PCIe orders a read behind the
+// posted writes before it), the load grows with the bytes written.
+extern "C" __global__ void host_probe_load_after_writes(uint4* wbuf, u64 nvec, int fence, const u64* probe,
+                                                        u64* times) {
+    __syncthreads();
+    const u64 t0 = probe_now();
+    for (u64 v = threadIdx.x; v < nvec; v += blockDim.x)
+        asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};"
+                     :: "l"(wbuf + v), "r"(threadIdx.x), "r"(3u), "r"(1u), "r"(2u) : "memory");
+    if (fence) __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    const u64 t1 = probe_now();
+    const u64 x = probe_ld(probe);
+    probe_st(times + 2, x);
+    const u64 t2 = probe_now();
+    times[0] = t2 - t1;
+    times[1] = t1 - t0;
+}

@@ -15,7 +15,10 @@
 //!   memory allocated by the driver, in a shared-memory file registered with it (as
 //!   comm-symm's host backing maps its heap) and in VMM host memory (`cuMemCreate` on the
 //!   host NUMA node), each with and without a system fence after
-//!   each write, on one page or on a new page each round (as rotating mailboxes are).
+//!   each write, on one page or on a new page each round (as rotating mailboxes are);
+//! - **load after writes**: one load of host memory right after one block stored a message
+//!   into host (or device) memory, as a push all-reduce polls its mailbox after pushing: if
+//!   the GPU's reads wait behind its own writes to host memory, the load grows with them.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -35,6 +38,9 @@ pub const HOST_PROBE: KernelSource = KernelSource {
 const THREADS: u32 = 512;
 /// The buffer the move probe walks through: larger than any L2, so every read misses.
 const WALK_BYTES: usize = 512 << 20;
+/// Bytes one block writes before the timed load (0: the load alone).
+const AFTER_WRITES: [usize; 6] = [0, 4096, 16384, 43008, 86016, 262144];
+
 /// Pages the rotating ping-pong walks (16 MiB of 4 KiB pages, more than any TLB maps).
 const ROTATING_PAGES: usize = 4096;
 const PAGE: usize = 4096;
@@ -190,6 +196,7 @@ struct Gpu {
     chase: CudaFunction,
     moves: CudaFunction,
     pingpong: CudaFunction,
+    load_after_writes: CudaFunction,
 }
 
 impl Gpu {
@@ -201,6 +208,7 @@ impl Gpu {
             chase: cache.function(ctx, &HOST_PROBE, "host_probe_chase")?,
             moves: cache.function(ctx, &HOST_PROBE, "host_probe_move")?,
             pingpong: cache.function(ctx, &HOST_PROBE, "host_probe_pingpong")?,
+            load_after_writes: cache.function(ctx, &HOST_PROBE, "host_probe_load_after_writes")?,
             memory,
         })
     }
@@ -290,6 +298,23 @@ pub struct Report {
     pub moves: Vec<Move>,
     /// Flags bounced through host memory.
     pub pingpongs: Vec<PingPong>,
+    /// One host load after a block's writes, by bytes, memory written and fence.
+    pub after_writes: Vec<LoadAfterWrites>,
+}
+
+/// One load of host memory timed right after one block of 512 threads stored `bytes`.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadAfterWrites {
+    /// Bytes stored before the load.
+    pub bytes: usize,
+    /// The stores went to host memory (else to device memory).
+    pub into_host: bool,
+    /// A system fence between the stores and the load.
+    pub fence: bool,
+    /// Median time of the load, ns.
+    pub load_ns: f64,
+    /// Median time from the first store to the load, ns (the stores' issue, and the fence).
+    pub issue_ns: f64,
 }
 
 /// One ping-pong: where, in which memory, fenced or not, and what half a round took.
@@ -377,6 +402,7 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
             });
         }
     }
+    let after_writes = loads_after_writes(&gpu, &walk, reps)?;
     // With one GPU the other side is a second stream of it (another DeviceMemory).
     let two_gpus = gpus > 1;
     let other = Gpu::new((ordinal + usize::from(two_gpus)) % gpus)?;
@@ -404,7 +430,53 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
         device_load_ns,
         moves,
         pingpongs,
+        after_writes,
     })
+}
+
+/// One host load after each of `AFTER_WRITES` bytes of stores into host memory (the start
+/// of `walk`) and into device memory, with and without a fence, `reps` times each.
+fn loads_after_writes(gpu: &Gpu, walk: &Pinned, reps: usize) -> Result<Vec<LoadAfterWrites>> {
+    let ctx = gpu.ctx();
+    let most = AFTER_WRITES.iter().copied().max().unwrap_or(0);
+    let device = gpu.memory.alloc(comm_core::DType::U8, most.max(16))?;
+    // The loaded word is alone on its page, away from every store.
+    let probe = Pinned::new(ctx, 4096)?;
+    let times = Pinned::new(ctx, 64)?;
+    let (probe_dev, times_dev) = (probe.device(ctx)?, times.device(ctx)?);
+    let mut out = Vec::new();
+    for into_host in [true, false] {
+        let target = if into_host {
+            walk.device(ctx)?
+        } else {
+            device.buffer().device_ptr()
+        };
+        for fence in [false, true] {
+            for bytes in AFTER_WRITES {
+                let (mut loads, mut issues) = (Vec::new(), Vec::new());
+                for _ in 0..reps {
+                    let (mut wbuf, mut nvec, mut fenced) =
+                        (target, (bytes / 16) as u64, i32::from(fence));
+                    let (mut word, mut t) = (probe_dev, times_dev);
+                    let mut params = comm_core::kernel_params![wbuf, nvec, fenced, word, t];
+                    // SAFETY: (uint4* wbuf, u64 nvec, int fence, const u64* probe, u64* times):
+                    // wbuf holds nvec vectors (the walk, or `device`), probe one word, times three.
+                    unsafe { gpu.launch(&gpu.load_after_writes, 1, THREADS, &mut params)? };
+                    gpu.memory.synchronize()?;
+                    loads.push(times.word(0) as f64);
+                    issues.push(times.word(1) as f64);
+                }
+                out.push(LoadAfterWrites {
+                    bytes,
+                    into_host,
+                    fence,
+                    load_ns: median(loads),
+                    issue_ns: median(issues),
+                });
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Half a round (ns) of a flag bounced `rounds` times between `a` and `b` (which may be

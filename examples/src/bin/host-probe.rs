@@ -99,6 +99,21 @@ fn main() -> ExitCode {
             Err(e) => println!("{what}: failed: {e}"),
         }
     }
+    println!("one host load after one block's stores (512 threads):");
+    println!(
+        "{:>10} {:>12} {:>9} {:>9} {:>9}",
+        "bytes", "stored into", "fence", "load ns", "issue ns"
+    );
+    for w in &report.after_writes {
+        println!(
+            "{:>10} {:>12} {:>9} {:>9.0} {:>9.0}",
+            w.bytes,
+            if w.into_host { "host" } else { "device" },
+            if w.fence { "yes" } else { "no" },
+            w.load_ns,
+            w.issue_ns
+        );
+    }
     println!(
         "{:>10} {:>7} {:>10} {:>10} {:>11} {:>11}",
         "bytes", "blocks", "read us", "write us", "read GB/s", "write GB/s"
