@@ -98,6 +98,7 @@ template <int DT, int OP> __device__ void peer_oneshot_push(const PeerArgs& a, c
     const uint64_t slot0 = a.off_push + (uint64_t)(c.seq % 3u) * a.world * a.lcap;
     for (uint64_t v = peer_tid(); v < nvec; v += peer_stride())
         peer_push(a, c, slot0, a.lcap, v, peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned)));
+    peer_trace_sent(a, c);
     peer_reset_old_mailboxes(a, c);
     const char* inbox = c.region[a.rank] + slot0;
     const uint64_t v0 = peer_tid();
@@ -126,6 +127,7 @@ template <int DT, int OP> __device__ void peer_twoshot_push(const PeerArgs& a, c
         for (uint64_t i = peer_tid(); i < S && s * S + i < nvec; i += peer_stride())
             peer_st_volatile(dst + i, peer_sanitize<DT>(peer_load_user<DT>(a.input, s * S + i, a.count, aligned)));
     }
+    peer_trace_sent(a, c);
     peer_reset_old_mailboxes(a, c);
     const char* inbox = c.region[me] + recv0;
     // The calls are compared with the wait for each thread's first vector of the slice.

@@ -62,7 +62,10 @@ __device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, const ch
     const bool checker = p < a.world && p != a.rank && !*c.dead;
     uint64_t call[PEER_CALL_WORDS];
     if (checker) peer_load_call(peer_call_of(a, c, p), call);
-    if (have) peer_poll<DT>(a, c, src, stride, a.rank, own, v, w, 0);
+    if (have) {
+        peer_poll<DT>(a, c, src, stride, a.rank, own, v, w, 0);
+        if (threadIdx.x == 0) peer_trace_seen(a, c);
+    }
     if (checker && !*c.dead && peer_judge_call(a, c, p, call) == 0) peer_await_call(a, c, p, peer_call_of(a, c, p));
     __syncthreads();
     peer_trace_waited(a, c);

@@ -197,13 +197,26 @@ struct PeerCtx {
     const uint64_t* used;      // shared: PeerState.used as the kernel started, [kind * 3 + buffer]
     PeerState* state;
     volatile int* dead;        // shared: set once this block gave up
-    uint64_t* times;           // shared, traced kernels: entry, prologue done, first wait done
+    uint64_t* times;           // shared, traced kernels: entry, prologue done, first wait done,
+                               // first peer seen, own data sent
     uint32_t seq;
 };
 
-// Traced kernels: the end of the first wait for peers (their data, or the first barrier).
+// Traced kernels: the end of the first wait for peers (their data, or the first barrier,
+// and the comparison of the calls).
 __device__ __forceinline__ void peer_trace_waited(const PeerArgs& a, const PeerCtx& c) {
     if (a.trace != nullptr && threadIdx.x == 0 && c.times[2] == 0) c.times[2] = peer_now();
+}
+
+// Traced kernels, by the thread that waited: the first peer's data or barrier flag seen,
+// before the calls are compared.
+__device__ __forceinline__ void peer_trace_seen(const PeerArgs& a, const PeerCtx& c) {
+    if (a.trace != nullptr && c.times[3] == 0) c.times[3] = peer_now();
+}
+
+// Traced kernels, thread 0: this rank's data written (its stores issued), before any wait.
+__device__ __forceinline__ void peer_trace_sent(const PeerArgs& a, const PeerCtx& c) {
+    if (a.trace != nullptr && threadIdx.x == 0 && c.times[4] == 0) c.times[4] = peer_now();
 }
 
 __device__ __forceinline__ PeerPad* peer_pad(const PeerCtx& c, uint32_t p) {
@@ -389,6 +402,7 @@ __device__ bool peer_check_calls(const PeerArgs& a, const PeerCtx& c) {
 // arrived by then). Same flags and values as peer_barrier(a, c, 0).
 __device__ bool peer_agreeing_barrier(const PeerArgs& a, const PeerCtx& c) {
     __syncthreads();
+    peer_trace_sent(a, c);
     const uint32_t value = 2u * c.seq + 1u;
     const uint32_t p = threadIdx.x;
     const bool gpu = a.gpu_scope != 0;
@@ -406,6 +420,7 @@ __device__ bool peer_agreeing_barrier(const PeerArgs& a, const PeerCtx& c) {
                     if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_BARRIER, 0, p)) break;
                 }
             }
+            peer_trace_seen(a, c);
             if (!*c.dead && seen == 0) peer_await_call(a, c, p, slot);
         }
     }
@@ -445,7 +460,7 @@ __device__ __forceinline__ void peer_let_next_start() {
     __shared__ uint64_t s_used[9];                                                                   \
     __shared__ uint32_t s_seq;                                                                       \
     __shared__ int s_dead;                                                                           \
-    __shared__ uint64_t s_times[3];                                                                  \
+    __shared__ uint64_t s_times[5];                                                                  \
     const uint64_t entry_ = a.trace != nullptr ? peer_now() : 0;                                     \
     PeerState* s_state = a.state;                                                                    \
     if (threadIdx.x < PEER_MAX_RANKS) {                                                              \
@@ -465,7 +480,7 @@ __device__ __forceinline__ void peer_let_next_start() {
         s_dead = abort_ ? 1 : 0;                                                                     \
         _Pragma("unroll") for (int k_ = 0; k_ < 9; ++k_) s_used[k_] = used_[k_];                     \
         s_times[0] = entry_;                                                                         \
-        s_times[2] = 0;                                                                              \
+        s_times[2] = s_times[3] = s_times[4] = 0;                                                    \
     }                                                                                                \
     __syncthreads();                                                                                 \
     if (a.trace != nullptr && threadIdx.x == 0) s_times[1] = peer_now();                             \
@@ -526,7 +541,8 @@ __device__ void peer_epilogue(const PeerArgs& a, const PeerCtx& c, uint64_t ones
         r[2] = c.times[1];
         r[3] = c.times[2];
         r[4] = peer_now();
-        r[5] = gridDim.x;
-        r[6] = blockDim.x;
+        r[5] = (uint64_t)gridDim.x << 32 | blockDim.x;
+        r[6] = c.times[4];
+        r[7] = c.times[3];
     }
 }

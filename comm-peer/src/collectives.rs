@@ -94,7 +94,14 @@ impl PeerComm {
             ),
         };
         let plan = self.plan(recv.bytes(), send_addr, send.is_none());
-        let mine = self.checked(described, &locations);
+        let mine = self
+            .checked(described, &locations)
+            .and_then(|(call, stream)| {
+                if plan.algorithm == Algorithm::OneshotCopy {
+                    self.admit_copies(stream)?;
+                }
+                Ok((call, stream))
+            });
         let agreed = self.agree(mine, &plan.bytes(), &locations)?;
         let (call, stream) = (agreed.call, agreed.stream);
         let bytes = call.send_bytes();

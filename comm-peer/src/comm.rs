@@ -233,12 +233,14 @@ impl PeerComm {
     /// the sentinel passes of push cost more than a barrier (8 ranks on one H200, 42 KB in
     /// graphs: one-shot pull 7.96 us, one-shot push 8.80).
     ///
-    /// Where the regions are host memory, messages of [`COPIES_FROM`] bytes and more go by
-    /// copies ([`Algorithm::OneshotCopy`]).
+    /// Where the regions are host memory and every rank has a device of its own, messages of
+    /// [`COPIES_FROM`] bytes and more go by copies ([`Algorithm::OneshotCopy`]). Ranks that
+    /// share a device do not: there the copies of all of them meet in the device's copy
+    /// engines, and in CUDA graphs they can wait on each other (see `reduce_by_copies`).
     pub fn algorithm_for(&self, bytes: usize) -> Algorithm {
         let chosen = self.algorithm.get().unwrap_or_else(|| {
             let auto = Algorithm::auto(self.group.world_size(), bytes);
-            if self.group.host_memory() && bytes >= COPIES_FROM {
+            if self.group.host_memory() && self.group.sharing() == 1 && bytes >= COPIES_FROM {
                 Algorithm::OneshotCopy
             } else if self.group.sharing() > 1 {
                 auto.pull()

@@ -1,8 +1,10 @@
 //! A diagnostic, off unless `COMM_PEER_TRACE` names a file prefix: every kernel of a group
 //! records, from its block 0, when it started, when its prologue was done (the previous
-//! kernel finished, the call number read), when its first wait for the peers ended (their
-//! data, or the first barrier; 0 for kernels that do not wait) and when it finished, read
-//! from `%globaltimer` (ns), into a ring of the last [`CALLS`] calls in device memory.
+//! kernel finished, the call number read), when its own data was written, when it first saw
+//! a peer's data or barrier flag, when its first wait for the peers ended (their data, or
+//! the first barrier, and the comparison of the calls; 0 for kernels that do not wait) and
+//! when it finished, read from `%globaltimer` (ns), into a ring of the last [`CALLS`] calls
+//! in device memory.
 //! When the group is dropped the ring is written to `PREFIX.rankR.csv`, one line per call.
 //! It tells where a call's time goes (launch, prologue, waiting for peers, the rest) where
 //! no profiler is at hand; it costs a clock read and a few stores per kernel.
@@ -17,8 +19,8 @@ use comm_core::cuda::{DeviceBuffer, driver_error};
 
 /// Records of the ring (the kernels' `PEER_TRACE_CALLS`).
 pub const CALLS: usize = 4096;
-/// Words of one record: call + 1, entry, prologue done, first wait done, end, blocks,
-/// threads, unused.
+/// Words of one record: call + 1, entry, prologue done, first wait done, end, blocks << 32 |
+/// threads, own data sent, first peer seen (0 where a kernel has no such moment).
 const WORDS: usize = 8;
 const VARIABLE: &str = "COMM_PEER_TRACE";
 
@@ -92,18 +94,21 @@ fn csv(bytes: &[u8]) -> String {
         .collect();
     let mut records: Vec<&[u64]> = words.chunks_exact(WORDS).filter(|r| r[0] != 0).collect();
     records.sort_by_key(|r| r[0]);
-    let mut out = String::from("call,entry_ns,ready_ns,waited_ns,end_ns,blocks,threads\n");
+    let mut out =
+        String::from("call,entry_ns,ready_ns,sent_ns,seen_ns,waited_ns,end_ns,blocks,threads\n");
     for r in records {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{}",
             r[0] - 1,
             r[1],
             r[2],
+            r[6],
+            r[7],
             r[3],
             r[4],
-            r[5],
-            r[6]
+            r[5] >> 32,
+            r[5] & 0xffff_ffff
         );
     }
     out
@@ -114,7 +119,16 @@ mod tests {
     use super::*;
 
     fn record(call: u64, t: u64) -> [u64; WORDS] {
-        [call + 1, t, t + 100, t + 1500, t + 3000, 6, 512, 0]
+        [
+            call + 1,
+            t,
+            t + 100,
+            t + 1500,
+            t + 3000,
+            6 << 32 | 512,
+            t + 200,
+            t + 1200,
+        ]
     }
 
     #[test]
@@ -130,8 +144,8 @@ mod tests {
         let text = csv(&bytes);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3, "{text}");
-        assert_eq!(lines[1], "6,1000,1100,2500,4000,6,512");
-        assert_eq!(lines[2], "8,9000,9100,10500,12000,6,512");
+        assert_eq!(lines[1], "6,1000,1100,1200,2200,2500,4000,6,512");
+        assert_eq!(lines[2], "8,9000,9100,9200,10200,10500,12000,6,512");
     }
 
     #[test]

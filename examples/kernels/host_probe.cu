@@ -69,21 +69,26 @@ extern "C" __global__ void host_probe_move(uint4* buf, u64 nvec, int write, u64*
     if (acc.x == 0x9e3779b9u) sink[0] = acc;
 }
 
-// A flag bounced between two GPUs through host memory, `rounds` times: the GPU with
-// first != 0 writes round r into `out` and waits to see r in `in`; the other waits for r in
-// `in` and writes it back into `out`. times[0] = ns for all rounds on each side; a wait that
-// lasts past `limit_ns` stops with times[1] = the round it gave up in (0: none).
+// A flag bounced between two kernels (two GPUs, or two streams of one) through host memory,
+// `rounds` times: the side with first != 0 writes round r into `out` and waits to see r in
+// `in`; the other waits for r in `in` and writes it back into `out`. With `fence`, each
+// write is followed by a system-scope fence; without, the write is left to travel on its
+// own, as the all-reduce kernels' pushes are. Round r uses the flags of page r % pages
+// (pages `page_words` words apart): one page, or a new page each round as rotating
+// mailboxes touch. times[0] = ns for all rounds on each side; a wait that lasts past
+// `limit_ns` stops with times[1] = the round it gave up in (0: none).
 extern "C" __global__ void host_probe_pingpong(u64* out, const u64* in, u64 rounds, int first, u64 limit_ns,
-                                               u64* times) {
+                                               int fence, u64 pages, u64 page_words, u64* times) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     times[1] = 0;
     const u64 t0 = probe_now();
     for (u64 r = 1; r <= rounds; ++r) {
+        const u64 at = (r % pages) * page_words;
         if (first) {
-            probe_st(out, r);
-            __threadfence_system();
+            probe_st(out + at, r);
+            if (fence) __threadfence_system();
         }
-        while (probe_ld(in) != r) {
+        while (probe_ld(in + at) != r) {
             if (probe_now() - t0 > limit_ns) {
                 times[1] = r;
                 times[0] = probe_now() - t0;
@@ -91,9 +96,33 @@ extern "C" __global__ void host_probe_pingpong(u64* out, const u64* in, u64 roun
             }
         }
         if (!first) {
-            probe_st(out, r);
-            __threadfence_system();
+            probe_st(out + at, r);
+            if (fence) __threadfence_system();
         }
     }
     times[0] = probe_now() - t0;
+}
+
+// One block stores `nvec` 16-byte vectors into `wbuf` (host or device memory), with a
+// system fence after them if `fence`; then thread 0 loads the host word at `probe`.
+// times[0] = the load's ns, times[1] = ns from the first store to the load, times[2] = the
+// word loaded: the store of it waits for the load, and the clock is read after that store.
+// If reads wait for a GPU's earlier writes to host memory (PCIe orders a read behind the
+// posted writes before it), the load grows with the bytes written.
+extern "C" __global__ void host_probe_load_after_writes(uint4* wbuf, u64 nvec, int fence, const u64* probe,
+                                                        u64* times) {
+    __syncthreads();
+    const u64 t0 = probe_now();
+    for (u64 v = threadIdx.x; v < nvec; v += blockDim.x)
+        asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};"
+                     :: "l"(wbuf + v), "r"(threadIdx.x), "r"(3u), "r"(1u), "r"(2u) : "memory");
+    if (fence) __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    const u64 t1 = probe_now();
+    const u64 x = probe_ld(probe);
+    probe_st(times + 2, x);
+    const u64 t2 = probe_now();
+    times[0] = t2 - t1;
+    times[1] = t1 - t0;
 }

@@ -6,8 +6,16 @@
 // keeps the values from growing with the number of calls.
 #include "comm_dtypes.cuh"
 
+// Launched with programmatic stream serialization on sm_90+ (where each rank has a GPU of
+// its own), as a serving engine's kernels are: it may start while the all-reduce before it
+// finishes, so it waits for that kernel before reading y, and lets the next all-reduce
+// start at once (that kernel waits for this one in turn). Elsewhere both are no-ops.
 template <typename T>
 __device__ __forceinline__ void step_chain(T* x, const T* y, uint64_t n, float div, float add) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float v = (float)comm_elem<T>::to_double(y[i]);

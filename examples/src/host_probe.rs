@@ -9,9 +9,16 @@
 //!   in 16-byte vectors, as a one-shot all-reduce reads its peers' data: the span from the
 //!   first block's start to the last block's end, median over fresh parts of a buffer
 //!   larger than L2 (nothing is read twice);
-//! - **ping-pong** (two GPUs): a flag bounced between the GPUs through host memory; half a
-//!   round is what one GPU's write takes to be seen by the other, the least any exchange
-//!   through host memory can cost.
+//! - **ping-pong**: a flag bounced through host memory between two GPUs, or with one GPU
+//!   between two kernels on two streams of it; half a round is what a write takes to be seen
+//!   by the other side, the least any exchange through host memory can cost. It runs in
+//!   memory allocated by the driver, in a shared-memory file registered with it (as
+//!   comm-symm's host backing maps its heap) and in VMM host memory (`cuMemCreate` on the
+//!   host NUMA node), each with and without a system fence after
+//!   each write, on one page or on a new page each round (as rotating mailboxes are);
+//! - **load after writes**: one load of host memory right after one block stored a message
+//!   into host (or device) memory, as a push all-reduce polls its mailbox after pushing: if
+//!   the GPU's reads wait behind its own writes to host memory, the load grows with them.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -20,6 +27,7 @@ use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, result, sys};
 use comm_core::cuda::stream::cu_stream;
 use comm_core::cuda::{DeviceMemory, KernelCache, KernelSource, device_count, driver_error};
 use comm_core::{Error, Result};
+use comm_symm::cuda::VmmMapping;
 
 /// The probe kernels.
 pub const HOST_PROBE: KernelSource = KernelSource {
@@ -30,6 +38,13 @@ pub const HOST_PROBE: KernelSource = KernelSource {
 const THREADS: u32 = 512;
 /// The buffer the move probe walks through: larger than any L2, so every read misses.
 const WALK_BYTES: usize = 512 << 20;
+/// Bytes one block writes before the timed load (0: the load alone).
+const AFTER_WRITES: [usize; 6] = [0, 4096, 16384, 43008, 86016, 262144];
+
+/// Pages the rotating ping-pong walks (16 MiB of 4 KiB pages, more than any TLB maps).
+const ROTATING_PAGES: usize = 4096;
+const PAGE: usize = 4096;
+
 /// Chain links, one per 4 KiB page and then some, so that no two share a line.
 const CHAIN_LINKS: usize = 4096;
 const CHAIN_STRIDE_WORDS: usize = 4160 / 8;
@@ -39,9 +54,83 @@ pub(crate) struct Pinned {
     ctx: Arc<CudaContext>,
     host: *mut u64,
     bytes: usize,
+    registered: bool,
+}
+
+/// Where a ping-pong's flags live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostMemory {
+    /// `cuMemHostAlloc` (portable, device-mapped).
+    Allocated,
+    /// A `memfd` mapped shared and registered with `cuMemHostRegister` (portable,
+    /// device-mapped), as comm-symm's host backing maps its heap.
+    Registered,
+    /// `cuMemCreate` on the host NUMA node, exportable as a file descriptor, mapped into
+    /// the devices (what a host heap shared between processes could be instead).
+    Vmm,
+}
+
+impl HostMemory {
+    /// Its name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            HostMemory::Allocated => "cuMemHostAlloc",
+            HostMemory::Registered => "memfd + cuMemHostRegister",
+            HostMemory::Vmm => "cuMemCreate, host NUMA",
+        }
+    }
 }
 
 impl Pinned {
+    /// `bytes` of shared memory from a `memfd`, registered with the driver, zeroed.
+    fn registered(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
+        let os = |what: &str| {
+            let e = std::io::Error::last_os_error();
+            Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
+        };
+        let name = c"host-probe";
+        // SAFETY: a valid C string.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(os("memfd_create"));
+        }
+        // SAFETY: `fd` is ours; the mapping keeps the memory after the descriptor closes.
+        let host = unsafe {
+            let ok = libc::ftruncate(fd, bytes as libc::off_t) == 0;
+            let ptr = if ok {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    bytes,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            } else {
+                libc::MAP_FAILED
+            };
+            libc::close(fd);
+            ptr
+        };
+        if host == libc::MAP_FAILED {
+            return Err(os("ftruncate/mmap"));
+        }
+        ctx.bind_to_thread().map_err(driver_error)?;
+        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+        // SAFETY: `bytes` of our mapping, page-aligned.
+        if let Err(e) = unsafe { sys::cuMemHostRegister_v2(host, bytes, flags) }.result() {
+            // SAFETY: our mapping, unmapped once.
+            unsafe { libc::munmap(host, bytes) };
+            return Err(driver_error(e));
+        }
+        Ok(Pinned {
+            ctx: ctx.clone(),
+            host: host.cast(),
+            bytes,
+            registered: true,
+        })
+    }
+
     pub(crate) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
         ctx.bind_to_thread().map_err(driver_error)?;
         let mut host: *mut c_void = std::ptr::null_mut();
@@ -54,6 +143,7 @@ impl Pinned {
             ctx: ctx.clone(),
             host: host.cast(),
             bytes,
+            registered: false,
         };
         // SAFETY: `bytes` bytes of our allocation.
         unsafe { std::ptr::write_bytes(pinned.host.cast::<u8>(), 0, bytes) };
@@ -86,7 +176,14 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
+        if self.registered {
+            if self.ctx.bind_to_thread().is_ok() {
+                // SAFETY: registered in `registered`, unregistered once.
+                let _ = unsafe { sys::cuMemHostUnregister(self.host.cast()) };
+            }
+            // SAFETY: our mapping of `bytes`, unmapped once.
+            unsafe { libc::munmap(self.host.cast(), self.bytes) };
+        } else if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: allocated by cuMemHostAlloc, freed once.
             let _ = unsafe { sys::cuMemFreeHost(self.host.cast()) };
         }
@@ -99,6 +196,7 @@ struct Gpu {
     chase: CudaFunction,
     moves: CudaFunction,
     pingpong: CudaFunction,
+    load_after_writes: CudaFunction,
 }
 
 impl Gpu {
@@ -110,6 +208,7 @@ impl Gpu {
             chase: cache.function(ctx, &HOST_PROBE, "host_probe_chase")?,
             moves: cache.function(ctx, &HOST_PROBE, "host_probe_move")?,
             pingpong: cache.function(ctx, &HOST_PROBE, "host_probe_pingpong")?,
+            load_after_writes: cache.function(ctx, &HOST_PROBE, "host_probe_load_after_writes")?,
             memory,
         })
     }
@@ -189,7 +288,7 @@ pub struct Move {
 }
 
 /// What `measure` found.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Report {
     /// One dependent load of host memory, ns.
     pub host_load_ns: f64,
@@ -197,9 +296,40 @@ pub struct Report {
     pub device_load_ns: f64,
     /// Reads and writes of host memory by message size and grid.
     pub moves: Vec<Move>,
-    /// Half a round of the flag between GPU 0 and GPU 1 through host memory, ns (None with
-    /// one GPU).
-    pub one_way_ns: Option<f64>,
+    /// Flags bounced through host memory.
+    pub pingpongs: Vec<PingPong>,
+    /// One host load after a block's writes, by bytes, memory written and fence.
+    pub after_writes: Vec<LoadAfterWrites>,
+}
+
+/// One load of host memory timed right after one block of 512 threads stored `bytes`.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadAfterWrites {
+    /// Bytes stored before the load.
+    pub bytes: usize,
+    /// The stores went to host memory (else to device memory).
+    pub into_host: bool,
+    /// A system fence between the stores and the load.
+    pub fence: bool,
+    /// Median time of the load, ns.
+    pub load_ns: f64,
+    /// Median time from the first store to the load, ns (the stores' issue, and the fence).
+    pub issue_ns: f64,
+}
+
+/// One ping-pong: where, in which memory, fenced or not, and what half a round took.
+#[derive(Debug)]
+pub struct PingPong {
+    /// True between two GPUs, false between two streams of one GPU.
+    pub two_gpus: bool,
+    /// Where the flags live.
+    pub memory: HostMemory,
+    /// A system fence after each write.
+    pub fence: bool,
+    /// Pages the flags rotate through, a new one each round (1: always the same).
+    pub pages: usize,
+    /// Half a round, ns; or why it failed (a side that never saw the other's write).
+    pub one_way_ns: Result<f64>,
 }
 
 /// Runs every probe on GPU `ordinal` (and the ping-pong with the next GPU, if any):
@@ -272,25 +402,98 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
             });
         }
     }
-    let one_way_ns = if gpus > 1 {
-        Some(pingpong(&gpu, &Gpu::new((ordinal + 1) % gpus)?, 10_000)?)
-    } else {
-        None
-    };
+    let after_writes = loads_after_writes(&gpu, &walk, reps)?;
+    // With one GPU the other side is a second stream of it (another DeviceMemory).
+    let two_gpus = gpus > 1;
+    let other = Gpu::new((ordinal + usize::from(two_gpus)) % gpus)?;
+    let mut pingpongs = Vec::new();
+    for memory in [
+        HostMemory::Allocated,
+        HostMemory::Registered,
+        HostMemory::Vmm,
+    ] {
+        for fence in [true, false] {
+            for pages in [1, ROTATING_PAGES] {
+                let one_way_ns = pingpong(&gpu, &other, 10_000, memory, fence, pages);
+                pingpongs.push(PingPong {
+                    two_gpus,
+                    memory,
+                    fence,
+                    pages,
+                    one_way_ns,
+                });
+            }
+        }
+    }
     Ok(Report {
         host_load_ns,
         device_load_ns,
         moves,
-        one_way_ns,
+        pingpongs,
+        after_writes,
     })
 }
 
-/// Half a round (ns) of a flag bounced `rounds` times between `a` and `b`.
-fn pingpong(a: &Gpu, b: &Gpu, rounds: u64) -> Result<f64> {
-    // Two flags a cache line apart, and each side's two result words.
-    let flags = Pinned::new(a.ctx(), 256)?;
+/// One host load after each of `AFTER_WRITES` bytes of stores into host memory (the start
+/// of `walk`) and into device memory, with and without a fence, `reps` times each.
+fn loads_after_writes(gpu: &Gpu, walk: &Pinned, reps: usize) -> Result<Vec<LoadAfterWrites>> {
+    let ctx = gpu.ctx();
+    let most = AFTER_WRITES.iter().copied().max().unwrap_or(0);
+    let device = gpu.memory.alloc(comm_core::DType::U8, most.max(16))?;
+    // The loaded word is alone on its page, away from every store.
+    let probe = Pinned::new(ctx, 4096)?;
+    let times = Pinned::new(ctx, 64)?;
+    let (probe_dev, times_dev) = (probe.device(ctx)?, times.device(ctx)?);
+    let mut out = Vec::new();
+    for into_host in [true, false] {
+        let target = if into_host {
+            walk.device(ctx)?
+        } else {
+            device.buffer().device_ptr()
+        };
+        for fence in [false, true] {
+            for bytes in AFTER_WRITES {
+                let (mut loads, mut issues) = (Vec::new(), Vec::new());
+                for _ in 0..reps {
+                    let (mut wbuf, mut nvec, mut fenced) =
+                        (target, (bytes / 16) as u64, i32::from(fence));
+                    let (mut word, mut t) = (probe_dev, times_dev);
+                    let mut params = comm_core::kernel_params![wbuf, nvec, fenced, word, t];
+                    // SAFETY: (uint4* wbuf, u64 nvec, int fence, const u64* probe, u64* times):
+                    // wbuf holds nvec vectors (the walk, or `device`), probe one word, times three.
+                    unsafe { gpu.launch(&gpu.load_after_writes, 1, THREADS, &mut params)? };
+                    gpu.memory.synchronize()?;
+                    loads.push(times.word(0) as f64);
+                    issues.push(times.word(1) as f64);
+                }
+                out.push(LoadAfterWrites {
+                    bytes,
+                    into_host,
+                    fence,
+                    load_ns: median(loads),
+                    issue_ns: median(issues),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Half a round (ns) of a flag bounced `rounds` times between `a` and `b` (which may be
+/// two streams of one GPU: both kernels run at once) through `memory`, round r on page
+/// r % `pages`.
+fn pingpong(
+    a: &Gpu,
+    b: &Gpu,
+    rounds: u64,
+    memory: HostMemory,
+    fence: bool,
+    pages: usize,
+) -> Result<f64> {
+    // Two flags a cache line apart on each page, and each side's two result words.
+    let flags = Flags::new(memory, a, b, pages * PAGE)?;
     let times = [Pinned::new(a.ctx(), 16)?, Pinned::new(a.ctx(), 16)?];
-    let limit_ns: u64 = 10_000_000_000;
+    let limit_ns: u64 = 2_000_000_000;
     for (side, gpu) in [a, b].into_iter().enumerate() {
         let base = flags.device(gpu.ctx())?;
         let (mut out, mut inp) = if side == 0 {
@@ -299,10 +502,14 @@ fn pingpong(a: &Gpu, b: &Gpu, rounds: u64) -> Result<f64> {
             (base + 128, base)
         };
         let (mut rounds, mut first, mut limit) = (rounds, i32::from(side == 0), limit_ns);
+        let mut fence = i32::from(fence);
+        let (mut pages, mut page_words) = (pages as u64, (PAGE / 8) as u64);
         let mut t = times[side].device(gpu.ctx())?;
-        let mut params = comm_core::kernel_params![out, inp, rounds, first, limit, t];
-        // SAFETY: (u64* out, const u64* in, u64 rounds, int first, u64 limit_ns, u64* times):
-        // both flags and both result words are mapped host memory.
+        let mut params =
+            comm_core::kernel_params![out, inp, rounds, first, limit, fence, pages, page_words, t];
+        // SAFETY: (u64* out, const u64* in, u64 rounds, int first, u64 limit_ns, int fence,
+        // u64 pages, u64 page_words, u64* times): both flags of every page and both result
+        // words are mapped host memory.
         unsafe { gpu.launch(&gpu.pingpong, 1, 32, &mut params)? };
     }
     a.memory.synchronize()?;
@@ -317,6 +524,37 @@ fn pingpong(a: &Gpu, b: &Gpu, rounds: u64) -> Result<f64> {
         });
     }
     Ok(times[0].word(0) as f64 / rounds as f64 / 2.0)
+}
+
+/// The flags of one ping-pong, in the memory under test.
+enum Flags {
+    Pinned(Pinned),
+    Vmm(VmmMapping),
+}
+
+impl Flags {
+    /// `bytes` of `memory`, reachable from the devices of `a` and `b`.
+    fn new(memory: HostMemory, a: &Gpu, b: &Gpu, bytes: usize) -> Result<Self> {
+        Ok(match memory {
+            HostMemory::Allocated => Flags::Pinned(Pinned::new(a.ctx(), bytes)?),
+            HostMemory::Registered => Flags::Pinned(Pinned::registered(a.ctx(), bytes)?),
+            HostMemory::Vmm => {
+                let mut devices = vec![a.ctx()];
+                if b.ctx().ordinal() != a.ctx().ordinal() {
+                    devices.push(b.ctx());
+                }
+                Flags::Vmm(VmmMapping::create_in_host(&devices, bytes)?)
+            }
+        })
+    }
+
+    /// The flags' address in `ctx`'s device.
+    fn device(&self, ctx: &Arc<CudaContext>) -> Result<u64> {
+        match self {
+            Flags::Pinned(p) => p.device(ctx),
+            Flags::Vmm(v) => Ok(v.ptr()),
+        }
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

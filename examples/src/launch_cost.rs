@@ -7,7 +7,8 @@
 //! serialization, an event record (what allreduce-perf puts between eager calls), and the
 //! capture query `SelectComm` makes per call. For each it reports the host's time per call,
 //! the GPU's time per call when `calls` are enqueued back to back, and the median GPU time
-//! of one call framed by two events.
+//! of one call framed by two events. [`concurrent`] adds what a kernel costs when several
+//! streams replay graphs at once, as ranks that are threads sharing a GPU do.
 
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
@@ -20,6 +21,9 @@ use comm_core::cuda::{
 use comm_core::{RawStream, Result};
 
 use crate::perf::sweep::event_times;
+
+mod streams;
+pub use streams::{Concurrent, concurrent};
 
 /// The empty kernels.
 pub const LAUNCH_PROBE: KernelSource = KernelSource {

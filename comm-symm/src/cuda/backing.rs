@@ -30,18 +30,24 @@ pub enum Backing {
     /// Shared host memory (`memfd`) registered with every rank's device: kernels reach
     /// every rank's segment over PCIe, through the host, without peer access.
     HostMapped,
+    /// Host memory from `cuMemCreate` on the host NUMA node nearest each rank's device,
+    /// shared by file descriptors as [`Backing::Vmm`] shares device memory: reached like
+    /// [`Backing::HostMapped`], without peer access, but mapped by the driver in large
+    /// pages rather than registered page by page.
+    HostVmm,
 }
 
 impl Backing {
-    /// `auto`, `vmm`, `ipc` or `host`.
+    /// `auto`, `vmm`, `ipc`, `host` or `host-vmm`.
     pub fn parse(s: &str) -> Result<Self> {
         match s.trim() {
             "" | "auto" => Ok(Backing::Auto),
             "vmm" => Ok(Backing::Vmm),
             "ipc" | "legacy" => Ok(Backing::LegacyIpc),
             "host" | "host-mapped" => Ok(Backing::HostMapped),
+            "host-vmm" => Ok(Backing::HostVmm),
             other => Err(Error::InvalidArgument(format!(
-                "unknown symm backing `{other}` (auto, vmm, ipc or host)"
+                "unknown symm backing `{other}` (auto, vmm, ipc, host or host-vmm)"
             ))),
         }
     }
@@ -53,6 +59,7 @@ impl Backing {
             Backing::Vmm => "vmm",
             Backing::LegacyIpc => "ipc",
             Backing::HostMapped => "host",
+            Backing::HostVmm => "host-vmm",
         }
     }
 }
@@ -174,6 +181,11 @@ pub(crate) fn choose(requested: Backing, offers: &[Offer]) -> Result<Backing> {
             Some(e) => Err(e),
             None => peer_access(Backing::Vmm),
         },
+        // Host memory: no peer access needed.
+        Backing::HostVmm => match without("VMM with descriptor handles", |o| o.vmm) {
+            Some(e) => Err(e),
+            None => Ok(Backing::HostVmm),
+        },
     }
 }
 
@@ -231,6 +243,7 @@ mod tests {
             Backing::Vmm,
             Backing::LegacyIpc,
             Backing::HostMapped,
+            Backing::HostVmm,
         ] {
             assert_eq!(Backing::parse(b.name()).unwrap(), b);
         }
@@ -269,6 +282,21 @@ mod tests {
         assert_eq!(blocked_pair(&offers(&[0, 1], ONE_WAY, true)), Some((1, 0)));
         assert_eq!(
             choose(Backing::Auto, &offers(&[0, 1], ONE_WAY, true)).unwrap(),
+            Backing::HostMapped
+        );
+    }
+
+    #[test]
+    fn host_vmm_needs_vmm_everywhere_but_no_peer_access() {
+        assert_eq!(
+            choose(Backing::HostVmm, &offers(&[0, 1], NONE, true)).unwrap(),
+            Backing::HostVmm
+        );
+        let err = choose(Backing::HostVmm, &offers(&[0, 1], NONE, false)).unwrap_err();
+        assert!(matches!(err, Error::Unsupported(_)), "{err}");
+        // Never chosen unless asked for: auto keeps registered host memory.
+        assert_eq!(
+            choose(Backing::Auto, &offers(&[0, 1], NONE, true)).unwrap(),
             Backing::HostMapped
         );
     }

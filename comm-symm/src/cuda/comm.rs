@@ -40,7 +40,7 @@ impl Default for CudaSymmConfig {
 
 impl CudaSymmConfig {
     /// The defaults, overridden by the `COMM_SYMM_*` variables of [`PeerConfig::with_env`]
-    /// and `COMM_SYMM_BACKING` (`auto`, `vmm`, `ipc` or `host`).
+    /// and `COMM_SYMM_BACKING` (`auto`, `vmm`, `ipc`, `host` or `host-vmm`).
     pub fn from_env() -> Result<Self> {
         let d = CudaSymmConfig::default();
         let backing = match Env(ENV_PREFIX).var("BACKING") {
@@ -118,9 +118,9 @@ impl CudaSymmComm {
         }
     }
 
-    /// True for VMM segments.
+    /// True for VMM segments (of device or host memory).
     pub fn is_vmm(&self) -> bool {
-        self.backing == Backing::Vmm
+        matches!(self.backing, Backing::Vmm | Backing::HostVmm)
     }
 
     /// The backing the ranks chose (never [`Backing::Auto`]).

@@ -27,7 +27,7 @@ use comm_peer::{
 
 use super::backing::{Backing, Offer, choose};
 use super::host_mapped;
-use super::segment::{VmmMapping, vmm_size};
+use super::segment::{VmmMapping, vmm_host_size, vmm_size};
 use crate::fdpass::exchange_fds;
 
 /// One rank's view of the device symmetric heap (see the module docs).
@@ -98,9 +98,9 @@ impl DeviceHeap {
         HEADER_BYTES
     }
 
-    /// True for VMM segments.
+    /// True for VMM segments (of device or host memory).
     pub fn is_vmm(&self) -> bool {
-        self.backing == Backing::Vmm
+        matches!(self.backing, Backing::Vmm | Backing::HostVmm)
     }
 
     /// The backing the ranks chose (never [`Backing::Auto`]).
@@ -215,23 +215,34 @@ pub(crate) fn map_segments(
                 backing: Backing::HostMapped,
             })
         }
-        _ => map_vmm(bootstrap, ctx, wanted, sentinel, sharing),
+        Backing::HostVmm => map_vmm(bootstrap, ctx, wanted, sentinel, sharing, true),
+        _ => map_vmm(bootstrap, ctx, wanted, sentinel, sharing, false),
     }
 }
 
-/// Collective, once every rank chose VMM: allocates and initialises this rank's segment and
-/// maps every rank's.
+/// Collective, once every rank chose VMM (of device memory, or of `host` memory):
+/// allocates and initialises this rank's segment and maps every rank's.
 fn map_vmm(
     bootstrap: &dyn Bootstrap,
     ctx: &Arc<CudaContext>,
     wanted: usize,
     sentinel: std::ops::Range<usize>,
     sharing: usize,
+    host: bool,
 ) -> Result<Mapped> {
     let world = bootstrap.world_size();
     // Step 2: allocate and initialise this rank's segment; compare sizes.
-    let own = vmm_size(ctx, wanted).and_then(|size| {
-        let own = VmmMapping::create(ctx, size)?;
+    let sized = if host {
+        vmm_host_size(ctx, wanted)
+    } else {
+        vmm_size(ctx, wanted)
+    };
+    let own = sized.and_then(|size| {
+        let own = if host {
+            VmmMapping::create_in_host(&[ctx], size)?
+        } else {
+            VmmMapping::create(ctx, size)?
+        };
         init_region(ctx, own.ptr(), size, sentinel)?;
         Ok((own, size))
     });
@@ -294,10 +305,10 @@ fn map_vmm(
             ptrs,
             table,
             sharing,
-            host_memory: false,
+            host_memory: host,
         }),
         size,
-        backing: Backing::Vmm,
+        backing: if host { Backing::HostVmm } else { Backing::Vmm },
     })
 }
 

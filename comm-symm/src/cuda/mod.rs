@@ -25,3 +25,4 @@ pub use comm::{CudaSymmComm, CudaSymmConfig, ENV_PREFIX};
 pub use comm_peer::Algorithm;
 pub use comm_peer::layout;
 pub use heap::DeviceHeap;
+pub use segment::VmmMapping;

@@ -43,24 +43,56 @@ fn location(ctx: &CudaContext) -> sys::CUmemLocation {
 }
 
 fn prop(ctx: &CudaContext) -> sys::CUmemAllocationProp {
+    prop_at(location(ctx))
+}
+
+fn prop_at(location: sys::CUmemLocation) -> sys::CUmemAllocationProp {
     // SAFETY: an all-zero CUmemAllocationProp is valid (no handle types, no flags).
     let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
     p.requestedHandleTypes =
         sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    p.location = location(ctx);
+    p.location = location;
     p
+}
+
+/// Read-write access for `ctx`'s device.
+fn device_access(ctx: &CudaContext) -> sys::CUmemAccessDesc {
+    sys::CUmemAccessDesc {
+        location: location(ctx),
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    }
 }
 
 /// `bytes` rounded up to the device's VMM granularity.
 pub(crate) fn vmm_size(ctx: &CudaContext, bytes: usize) -> Result<usize> {
-    let p = prop(ctx);
+    granular(&prop(ctx), bytes)
+}
+
+/// `bytes` rounded up to the VMM granularity of host memory near `ctx`'s device.
+pub(crate) fn vmm_host_size(ctx: &CudaContext, bytes: usize) -> Result<usize> {
+    granular(&host_prop(ctx), bytes)
+}
+
+/// Host memory on the NUMA node nearest `ctx`'s device (node 0 where the driver cannot say).
+fn host_prop(ctx: &CudaContext) -> sys::CUmemAllocationProp {
+    let numa = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)
+        .unwrap_or(0)
+        .max(0);
+    prop_at(sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA,
+        id: numa,
+    })
+}
+
+fn granular(p: &sys::CUmemAllocationProp, bytes: usize) -> Result<usize> {
     let mut gran = 0usize;
     // SAFETY: valid out-pointer and property.
     let r = unsafe {
         sys::cuMemGetAllocationGranularity(
             &mut gran,
-            &p,
+            p,
             sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
         )
     };
@@ -68,9 +100,11 @@ pub(crate) fn vmm_size(ctx: &CudaContext, bytes: usize) -> Result<usize> {
     Ok(bytes.max(1).next_multiple_of(gran.max(1)))
 }
 
-/// A VMM mapping: a reserved range, the memory mapped into it, the handle held.
+/// A VMM mapping: a reserved range, the memory mapped into it, the handle held; all of it
+/// released on drop. Device memory here, or host memory of a NUMA node
+/// ([`VmmMapping::create_in_host`]).
 #[derive(Debug)]
-pub(crate) struct VmmMapping {
+pub struct VmmMapping {
     ctx: Arc<CudaContext>,
     handle: sys::CUmemGenericAllocationHandle,
     ptr: u64,
@@ -87,7 +121,30 @@ impl VmmMapping {
         // SAFETY: valid out-pointer and property; size is granularity-aligned.
         let r = unsafe { sys::cuMemCreate(&mut handle, size, &p, 0) };
         cu(r, "cuMemCreate")?;
-        Self::map(ctx, handle, size)
+        Self::map(ctx, handle, size, &[device_access(ctx)])
+    }
+
+    /// At least `bytes` of host memory on the NUMA node nearest the first of `devices`,
+    /// exportable as a file descriptor, mapped read-write into every one of `devices` and
+    /// zeroed: what a host heap shared between processes can be instead of memory
+    /// registered page by page with `cuMemHostRegister`.
+    pub fn create_in_host(devices: &[&Arc<CudaContext>], bytes: usize) -> Result<Self> {
+        let ctx = *devices
+            .first()
+            .ok_or_else(|| Error::InvalidArgument("host VMM memory for no device".into()))?;
+        ctx.bind_to_thread().map_err(driver_error)?;
+        let p = host_prop(ctx);
+        let size = granular(&p, bytes)?;
+        let mut handle = 0;
+        // SAFETY: valid out-pointer and property; size is granularity-aligned.
+        let r = unsafe { sys::cuMemCreate(&mut handle, size, &p, 0) };
+        cu(r, "cuMemCreate (host NUMA)")?;
+        let access: Vec<_> = devices.iter().map(|d| device_access(d)).collect();
+        let m = Self::map(ctx, handle, size, &access)?;
+        // SAFETY: the mapped range, writable by the current context's device.
+        let r = unsafe { sys::cuMemsetD8_v2(m.ptr, 0, size) };
+        cu(r, "cuMemsetD8")?;
+        Ok(m)
     }
 
     /// Imports a peer's exported descriptor and maps it here. The descriptor is closed by
@@ -105,13 +162,14 @@ impl VmmMapping {
             )
         };
         cu(r, "cuMemImportFromShareableHandle")?;
-        Self::map(ctx, handle, size)
+        Self::map(ctx, handle, size, &[device_access(ctx)])
     }
 
     fn map(
         ctx: &Arc<CudaContext>,
         handle: sys::CUmemGenericAllocationHandle,
         size: usize,
+        access: &[sys::CUmemAccessDesc],
     ) -> Result<Self> {
         let mut m = VmmMapping {
             ctx: ctx.clone(),
@@ -127,12 +185,8 @@ impl VmmMapping {
         let r = unsafe { sys::cuMemMap(m.ptr, size, 0, handle, 0) };
         cu(r, "cuMemMap")?;
         m.mapped = true;
-        let access = sys::CUmemAccessDesc {
-            location: location(ctx),
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: the whole mapped range, one descriptor.
-        let r = unsafe { sys::cuMemSetAccess(m.ptr, size, &access, 1) };
+        // SAFETY: the whole mapped range, one descriptor per device.
+        let r = unsafe { sys::cuMemSetAccess(m.ptr, size, access.as_ptr(), access.len()) };
         cu(r, "cuMemSetAccess")?;
         Ok(m)
     }
@@ -160,8 +214,8 @@ impl VmmMapping {
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
-    /// Start of the mapping in this process.
-    pub(crate) fn ptr(&self) -> u64 {
+    /// Start of the mapping in this process (the same address in every device of it).
+    pub fn ptr(&self) -> u64 {
         self.ptr
     }
 }

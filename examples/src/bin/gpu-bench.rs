@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! gpu-bench --backend ipc|symm-cuda [--ranks 8] [--algo NAME,...] [--iters 1000] [--batch 20]
-//!           [--threads 512] [--max-blocks N] [--backing auto|vmm|ipc|host]
+//!           [--threads 512] [--max-blocks N] [--backing auto|vmm|ipc|host|host-vmm]
 //! mpirun -np 2 gpu-bench --backend ipc --procs     # one rank per process (and GPU)
 //! ```
 //!
@@ -19,7 +19,7 @@ use comm_symm::cuda::Backing;
 
 const USAGE: &str = "usage: gpu-bench --backend ipc|symm-cuda [--ranks N | --procs] \
                      [--algo NAME,...] [--iters N] [--batch N] [--threads N] [--max-blocks N] \
-                     [--backing auto|vmm|ipc|host]";
+                     [--backing auto|vmm|ipc|host|host-vmm]";
 
 fn main() -> ExitCode {
     comm_examples::launch::prefer_more_hardware_queues();

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! mpirun -np 2 gpu-check --backend ipc|symm-cuda [--algo NAME,...] [--quick] [--cycles N]
-//!                        [--backing auto|vmm|ipc|host]
+//!                        [--backing auto|vmm|ipc|host|host-vmm]
 //! gpu-check --backend ipc --ranks 2      # in-process ranks, one thread each
 //! ```
 //!
@@ -21,7 +21,7 @@ use comm_peer::Algorithm;
 use comm_symm::cuda::Backing;
 
 const USAGE: &str = "usage: gpu-check --backend ipc|symm-cuda [--algo NAME,...] [--quick] \
-                     [--cycles N] [--backing auto|vmm|ipc|host] [--ranks N]";
+                     [--cycles N] [--backing auto|vmm|ipc|host|host-vmm] [--ranks N]";
 
 fn main() -> ExitCode {
     comm_examples::launch::prefer_more_hardware_queues();

@@ -78,11 +78,41 @@ fn main() -> ExitCode {
         "one dependent load: host memory {:.0} ns, device memory {:.0} ns",
         report.host_load_ns, report.device_load_ns
     );
-    match report.one_way_ns {
-        Some(ns) => println!(
-            "a flag from one GPU to the other through host memory: {ns:.0} ns (half a round)"
-        ),
-        None => println!("flag between GPUs: skipped (one GPU)"),
+    for p in &report.pingpongs {
+        let between = if p.two_gpus {
+            "two GPUs"
+        } else {
+            "two streams of one GPU"
+        };
+        let fence = if p.fence { "fenced" } else { "no fence" };
+        let pages = if p.pages == 1 {
+            "one page".to_string()
+        } else {
+            format!("a new page of {} each round", p.pages)
+        };
+        let what = format!(
+            "a flag between {between} through host memory ({}, {fence}, {pages})",
+            p.memory.name()
+        );
+        match &p.one_way_ns {
+            Ok(ns) => println!("{what}: {ns:.0} ns (half a round)"),
+            Err(e) => println!("{what}: failed: {e}"),
+        }
+    }
+    println!("one host load after one block's stores (512 threads):");
+    println!(
+        "{:>10} {:>12} {:>9} {:>9} {:>9}",
+        "bytes", "stored into", "fence", "load ns", "issue ns"
+    );
+    for w in &report.after_writes {
+        println!(
+            "{:>10} {:>12} {:>9} {:>9.0} {:>9.0}",
+            w.bytes,
+            if w.into_host { "host" } else { "device" },
+            if w.fence { "yes" } else { "no" },
+            w.load_ns,
+            w.issue_ns
+        );
     }
     println!(
         "{:>10} {:>7} {:>10} {:>10} {:>11} {:>11}",

@@ -6,7 +6,7 @@
 
 use std::process::ExitCode;
 
-use comm_examples::launch_cost::measure;
+use comm_examples::launch_cost::{concurrent, measure};
 
 const USAGE: &str = "usage: launch-cost [--device N] [--calls N]";
 
@@ -48,6 +48,34 @@ fn main() -> ExitCode {
                     c.host_us,
                     c.back_to_back_us,
                     c.framed_us
+                );
+            }
+        }
+        Err(e) => {
+            eprintln!("launch-cost: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    // The grids of a one-block call and of a 42 KB all-reduce of 8 ranks on one GPU.
+    match concurrent(device, &[1, 2, 4, 8], 200, &[(1, 32), (6, 512)]) {
+        Ok(rows) => {
+            println!("# graphs of 200 empty kernels replayed on several streams at once (us)");
+            println!(
+                "{:>7} {:>12} {:>11} {:>12} {:>12}",
+                "streams", "launch", "grid", "per round", "per kernel"
+            );
+            for r in rows {
+                println!(
+                    "{:>7} {:>12} {:>11} {:>12.2} {:>12.2}",
+                    r.streams,
+                    if r.overlapping {
+                        "overlapping"
+                    } else {
+                        "plain"
+                    },
+                    format!("{}x{}", r.grid.0, r.grid.1),
+                    r.per_round_us,
+                    r.per_kernel_us
                 );
             }
             ExitCode::SUCCESS

@@ -28,7 +28,7 @@ pub fn algorithms(parser: &mut lexopt::Parser) -> Result<Vec<Algorithm>, String>
         .map_err(|e| format!("{e}"))
 }
 
-/// `--backing auto|vmm|ipc|host`.
+/// `--backing auto|vmm|ipc|host|host-vmm`.
 pub fn backing(parser: &mut lexopt::Parser) -> Result<Backing, String> {
     Backing::parse(&value(parser)?).map_err(|e| format!("{e}"))
 }

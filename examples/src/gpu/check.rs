@@ -486,9 +486,27 @@ impl Check {
         // Warm up outside capture (module load, first touch).
         enqueue(&mut a_out, &mut b_out, &mut res, &mut out)?;
         comm.synchronize(self.memory.raw_stream())?;
-        let graph = crate::graph::capture(stream, || {
+        let captured = crate::graph::capture(stream, || {
             enqueue(&mut a_out, &mut b_out, &mut res, &mut out)
-        })?;
+        });
+        let group = comm.group();
+        if comm.algorithm_for(n * 2) == Algorithm::OneshotCopy
+            && group.host_memory()
+            && group.sharing() > 1
+        {
+            // Copies of ranks that share a device cannot be captured (`admit_copies`).
+            return match captured {
+                Err(Error::Unsupported(e)) => {
+                    comm.synchronize(self.memory.raw_stream())?;
+                    Ok(format!("refused, as ranks share a device: {e}"))
+                }
+                Err(e) => Err(e),
+                Ok(_) => Err(Error::Mismatch(
+                    "copies captured in a graph while ranks share a device (host memory)".into(),
+                )),
+            };
+        }
+        let graph = captured?;
         for replay in 0..3u64 {
             let a = all_inputs(DType::BF16, n, 1000 + replay, world);
             let b = all_inputs(DType::F32, n2, 2000 + replay, world);

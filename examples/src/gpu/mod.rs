@@ -117,6 +117,7 @@ impl GpuComm {
                 match c.backing() {
                     Backing::Vmm => "VMM (cuMemCreate + fd)",
                     Backing::HostMapped => "host-mapped (memfd registered with every device)",
+                    Backing::HostVmm => "host VMM (cuMemCreate on the host NUMA node + fd)",
                     _ => "legacy CUDA IPC",
                 },
                 c.segment_bytes() >> 20

@@ -13,6 +13,7 @@ use comm_core::cuda::cudarc::driver::sys::CUevent_flags;
 use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, CudaGraph, result, sys};
 use comm_core::cuda::{
     DeviceMemory, DeviceOwned, KernelCache, KernelSource, device_count, driver_error,
+    launch_overlapping,
 };
 use comm_core::{Bootstrap, Communicator, DType, Error, ReduceOp, Result, bf16, f16};
 
@@ -69,15 +70,47 @@ impl StepKernel {
         }
         .map_err(driver_error)
     }
+
+    /// [`Self::launch`] with programmatic stream serialization: the kernel may start while
+    /// the previous kernel of `stream` finishes.
+    ///
+    /// # Safety
+    /// As [`Self::launch`]; and the kernel must wait for that previous kernel
+    /// (`griddepcontrol.wait`) before it touches memory that kernel may write or read.
+    unsafe fn launch_overlapping(
+        &self,
+        blocks: u32,
+        threads: u32,
+        stream: sys::CUstream,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(driver_error)?;
+        // SAFETY: as in `launch`; the caller vouches for the kernel's wait.
+        unsafe {
+            launch_overlapping(
+                self.function.cu_function(),
+                (blocks, threads),
+                stream,
+                params,
+            )
+        }
+    }
 }
 
 /// `x = y / div + add` of `step_chain.cu`, for one dtype on one device.
-struct ChainKernel(StepKernel);
+struct ChainKernel {
+    kernel: StepKernel,
+    /// Launched to overlap the all-reduce before it (see [`overlaps`]).
+    overlap: bool,
+}
 
 impl ChainKernel {
-    fn load(ctx: &Arc<CudaContext>, dtype: DType) -> Result<Self> {
+    fn load(ctx: &Arc<CudaContext>, dtype: DType, overlap: bool) -> Result<Self> {
         let name = format!("comm_step_chain_{}", dtype.name());
-        StepKernel::load(ctx, &STEP_CHAIN, &name).map(ChainKernel)
+        Ok(ChainKernel {
+            kernel: StepKernel::load(ctx, &STEP_CHAIN, &name)?,
+            overlap,
+        })
     }
 
     fn launch(
@@ -95,16 +128,39 @@ impl ChainKernel {
         // A few blocks per SM at most: the kernel is tiny, its launch is what costs.
         let blocks = n.div_ceil(u64::from(THREADS)).clamp(1, 1024) as u32;
         // SAFETY: the parameters match the kernel's (u64 x, u64 y, u64 n, float div,
-        // float add); both buffers hold at least `n` elements.
-        unsafe { self.0.launch(blocks, THREADS, stream, &mut params) }
+        // float add); both buffers hold at least `n` elements; on sm_90+ the kernel waits
+        // for the previous one before it reads (step_chain.cu).
+        unsafe {
+            if self.overlap {
+                self.kernel
+                    .launch_overlapping(blocks, THREADS, stream, &mut params)
+            } else {
+                self.kernel.launch(blocks, THREADS, stream, &mut params)
+            }
+        }
     }
+}
+
+/// Whether the dependent kernel takes part in programmatic dependent launch, as a serving
+/// engine's kernels do on sm_90+: it may start while the all-reduce before it finishes, and
+/// lets the next one start early (a backend whose kernels wait for their predecessor, as
+/// ours do, overlaps its launch with it; NCCL's are launched plainly and do not). Not where
+/// ranks share a device: an early kernel holds its SMs while it waits, and could keep a
+/// peer's all-reduce, which this rank's waits for, from starting.
+fn overlaps(ctx: &CudaContext, ctl: &dyn Bootstrap) -> Result<bool> {
+    let (major, _) = ctx.compute_capability().map_err(driver_error)?;
+    Ok(major >= 9 && ctl.local_world_size() <= device_count()?)
 }
 
 /// Runs the step of `comm` on this rank's GPU as a graph: checked once, then timed.
 pub fn run(comm: &dyn Communicator, ctl: &dyn Bootstrap, cfg: &Config) -> Result<Timing> {
     let (rank, world) = (comm.rank(), comm.world_size());
     let memory = DeviceMemory::new(ctl.local_rank() % device_count()?)?;
-    let kernel = ChainKernel::load(memory.context(), cfg.dtype)?;
+    let kernel = ChainKernel::load(
+        memory.context(),
+        cfg.dtype,
+        overlaps(memory.context(), ctl)?,
+    )?;
     let init = encode(cfg.dtype, &chain::input(rank, world, cfg.count))?;
     let mut x = memory.alloc(cfg.dtype, cfg.count)?;
     let mut y = memory.alloc(cfg.dtype, cfg.count)?;
