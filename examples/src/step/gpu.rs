@@ -55,44 +55,35 @@ impl StepKernel {
         stream: sys::CUstream,
         params: &mut [*mut c_void],
     ) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(driver_error)?;
-        // SAFETY: the function is loaded in this context, which is bound; the caller
-        // vouches for the parameters, which the call copies.
-        unsafe {
-            result::launch_kernel(
-                self.function.cu_function(),
-                (blocks, 1, 1),
-                (threads, 1, 1),
-                0,
-                stream,
-                params,
-            )
-        }
-        .map_err(driver_error)
+        // SAFETY: the caller's contract is this one's.
+        unsafe { self.launch_as(false, blocks, threads, stream, params) }
     }
 
-    /// [`Self::launch`] with programmatic stream serialization: the kernel may start while
-    /// the previous kernel of `stream` finishes.
+    /// [`Self::launch`], with programmatic stream serialization where `overlapping`: the
+    /// kernel may then start while the previous kernel of `stream` finishes.
     ///
     /// # Safety
-    /// As [`Self::launch`]; and the kernel must wait for that previous kernel
-    /// (`griddepcontrol.wait`) before it touches memory that kernel may write or read.
-    unsafe fn launch_overlapping(
+    /// As [`Self::launch`]; and where `overlapping`, the kernel must wait for that previous
+    /// kernel (`griddepcontrol.wait`) before it touches memory that kernel may write or read.
+    unsafe fn launch_as(
         &self,
+        overlapping: bool,
         blocks: u32,
         threads: u32,
         stream: sys::CUstream,
         params: &mut [*mut c_void],
     ) -> Result<()> {
         self.ctx.bind_to_thread().map_err(driver_error)?;
-        // SAFETY: as in `launch`; the caller vouches for the kernel's wait.
+        let function = self.function.cu_function();
+        // SAFETY: the function is loaded in this context, which is bound; the caller
+        // vouches for the parameters, which the call copies, and for the kernel's wait.
         unsafe {
-            launch_overlapping(
-                self.function.cu_function(),
-                (blocks, threads),
-                stream,
-                params,
-            )
+            if overlapping {
+                launch_overlapping(function, (blocks, threads), stream, params)
+            } else {
+                result::launch_kernel(function, (blocks, 1, 1), (threads, 1, 1), 0, stream, params)
+                    .map_err(driver_error)
+            }
         }
     }
 }
@@ -131,12 +122,8 @@ impl ChainKernel {
         // float add); both buffers hold at least `n` elements; on sm_90+ the kernel waits
         // for the previous one before it reads (step_chain.cu).
         unsafe {
-            if self.overlap {
-                self.kernel
-                    .launch_overlapping(blocks, THREADS, stream, &mut params)
-            } else {
-                self.kernel.launch(blocks, THREADS, stream, &mut params)
-            }
+            self.kernel
+                .launch_as(self.overlap, blocks, THREADS, stream, &mut params)
         }
     }
 }
