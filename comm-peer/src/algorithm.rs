@@ -5,6 +5,8 @@ use std::str::FromStr;
 
 use comm_core::{Error, Result, TrafficPattern};
 
+use crate::comm::COPIES_FROM;
+
 /// One all-reduce algorithm over peer memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
@@ -104,6 +106,28 @@ impl Algorithm {
         }
     }
 
+    /// What an all-reduce of `bytes` per rank runs: `chosen`, or the automatic choice for
+    /// `None`, over `memory` ([`PeerComm::algorithm_for`] says why).
+    ///
+    /// [`PeerComm::algorithm_for`]: crate::PeerComm::algorithm_for
+    pub(crate) fn resolve(chosen: Option<Algorithm>, bytes: usize, memory: Memory) -> Algorithm {
+        let chosen = chosen.unwrap_or_else(|| {
+            let auto = Algorithm::auto(memory.world, bytes);
+            if memory.host && memory.sharing == 1 && bytes >= COPIES_FROM {
+                Algorithm::OneshotCopy
+            } else if memory.sharing > 1 {
+                auto.pull()
+            } else {
+                auto
+            }
+        });
+        if chosen.is_push() && bytes > memory.mailbox {
+            chosen.pull()
+        } else {
+            chosen
+        }
+    }
+
     /// True for the Lamport (write-into-peers) algorithms.
     pub const fn is_push(self) -> bool {
         matches!(self, Algorithm::OneshotPush | Algorithm::TwoshotPush)
@@ -117,6 +141,19 @@ impl Algorithm {
             other => other,
         }
     }
+}
+
+/// What [`Algorithm::resolve`] needs to know of a communicator's memory.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Memory {
+    /// Ranks of the communicator.
+    pub world: usize,
+    /// The regions are host memory mapped into the devices.
+    pub host: bool,
+    /// Most ranks that share one device.
+    pub sharing: usize,
+    /// Bytes per rank that a push message may hold (the mailboxes).
+    pub mailbox: usize,
 }
 
 impl fmt::Display for Algorithm {
@@ -191,5 +228,47 @@ mod tests {
         for world in 1..=8 {
             assert_eq!(Algorithm::auto(world, 0), Algorithm::OneshotPush);
         }
+    }
+
+    const MIB: usize = 1 << 20;
+
+    fn memory(host: bool, sharing: usize) -> Memory {
+        Memory {
+            world: 2,
+            host,
+            sharing,
+            mailbox: 8 * MIB,
+        }
+    }
+
+    #[test]
+    fn copies_carry_large_host_messages_only_where_every_rank_has_its_device() {
+        let resolve = |bytes, host, sharing| Algorithm::resolve(None, bytes, memory(host, sharing));
+        assert_eq!(resolve(COPIES_FROM, true, 1), Algorithm::OneshotCopy);
+        assert_eq!(resolve(64 * MIB, true, 1), Algorithm::OneshotCopy);
+        assert_eq!(resolve(COPIES_FROM - 16, true, 1), Algorithm::TwoshotPush);
+        assert_eq!(resolve(42 << 10, true, 1), Algorithm::OneshotPush);
+        // Ranks sharing a device: the pull variants, never copies.
+        assert_eq!(resolve(64 * MIB, true, 2), Algorithm::TwoshotPull);
+        assert_eq!(resolve(42 << 10, true, 2), Algorithm::OneshotPull);
+        // Device memory: never copies by default.
+        assert_eq!(resolve(64 * MIB, false, 1), Algorithm::TwoshotPull);
+        assert_eq!(resolve(4 * MIB, false, 1), Algorithm::TwoshotPush);
+    }
+
+    #[test]
+    fn a_chosen_push_too_large_for_the_mailboxes_pulls() {
+        let m = memory(false, 1);
+        let push = Some(Algorithm::OneshotPush);
+        assert_eq!(Algorithm::resolve(push, 8 * MIB, m), Algorithm::OneshotPush);
+        assert_eq!(
+            Algorithm::resolve(push, 8 * MIB + 16, m),
+            Algorithm::OneshotPull
+        );
+        let copy = Some(Algorithm::OneshotCopy);
+        assert_eq!(
+            Algorithm::resolve(copy, 64 * MIB, memory(true, 2)),
+            Algorithm::OneshotCopy
+        );
     }
 }

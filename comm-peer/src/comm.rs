@@ -15,7 +15,7 @@ use comm_core::{
     RawStream, Result,
 };
 
-use crate::algorithm::{Algorithm, parse_choice};
+use crate::algorithm::{Algorithm, Memory, parse_choice};
 use crate::calls::{self, CallWords};
 use crate::config::PeerConfig;
 use crate::copies::Copies;
@@ -227,32 +227,28 @@ impl PeerComm {
         Ok(())
     }
 
-    /// The algorithm an all-reduce of `bytes` per rank uses now: the chosen (or automatic)
-    /// one, or its pull variant when a push message does not fit the mailboxes. Ranks that
-    /// share a device default to pull: there the peers' data is in the same memory and
-    /// the sentinel passes of push cost more than a barrier (8 ranks on one H200, 42 KB in
-    /// graphs: one-shot pull 7.96 us, one-shot push 8.80).
+    /// The algorithm an all-reduce of `bytes` per rank uses now: the chosen one, or the
+    /// automatic choice for `None`; then the pull variant of a push message larger than the
+    /// mailboxes.
     ///
-    /// Where the regions are host memory and every rank has a device of its own, messages of
-    /// [`COPIES_FROM`] bytes and more go by copies ([`Algorithm::OneshotCopy`]). Ranks that
-    /// share a device do not: there the copies of all of them meet in the device's copy
-    /// engines, and in CUDA graphs they can wait on each other (see `reduce_by_copies`).
+    /// The automatic choice is [`Algorithm::auto`], with two exceptions. Ranks that share a
+    /// device run its pull variant: there the peers' data is in the same memory and the
+    /// sentinel passes of push cost more than a barrier (8 ranks on one H200, 42 KB in
+    /// graphs: one-shot pull 7.96 us, one-shot push 8.80). And where the regions are host
+    /// memory and every rank has a device of its own, messages of [`COPIES_FROM`] bytes and
+    /// more go by copies ([`Algorithm::OneshotCopy`]); not where ranks share a device, whose
+    /// copies all meet in its copy engines and in CUDA graphs can wait on each other.
     pub fn algorithm_for(&self, bytes: usize) -> Algorithm {
-        let chosen = self.algorithm.get().unwrap_or_else(|| {
-            let auto = Algorithm::auto(self.group.world_size(), bytes);
-            if self.group.host_memory() && self.group.sharing() == 1 && bytes >= COPIES_FROM {
-                Algorithm::OneshotCopy
-            } else if self.group.sharing() > 1 {
-                auto.pull()
-            } else {
-                auto
-            }
-        });
-        if chosen.is_push() && bytes > self.layout.lcap {
-            chosen.pull()
-        } else {
-            chosen
-        }
+        Algorithm::resolve(
+            self.algorithm.get(),
+            bytes,
+            Memory {
+                world: self.group.world_size(),
+                host: self.group.host_memory(),
+                sharing: self.group.sharing(),
+                mailbox: self.layout.lcap,
+            },
+        )
     }
 
     /// Collective: allocates `bytes` of device memory that every rank can read, for
