@@ -58,7 +58,9 @@ __device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, c
 template <int DT>
 __device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, const char* src, uint64_t stride, bool have,
                                    uint4 own, uint64_t v, uint4* w) {
-    const uint32_t p = threadIdx.x;
+    // The checkers are warp 1 where there is one, so that their loads do not queue ahead of
+    // warp 0's first polls.
+    const uint32_t p = blockDim.x >= 64 ? threadIdx.x - 32u : threadIdx.x;
     const bool checker = p < a.world && p != a.rank && !*c.dead;
     uint64_t call[PEER_CALL_WORDS];
     if (checker) peer_load_call(peer_call_of(a, c, p), call);
