@@ -420,12 +420,18 @@ __device__ bool peer_agreeing_barrier(const PeerArgs& a, const PeerCtx& c) {
     const uint32_t value = 2u * c.seq + 1u;
     const uint32_t p = threadIdx.x;
     const bool gpu = a.gpu_scope != 0;
+    // With a second warp, its thread 32 + q waits for peer q's call while thread q waits for
+    // the flag, so the comparison adds no round trip after the flag (one thread's loads of
+    // host memory complete one after another); a lone warp looks at the call now and then.
+    const bool split = blockDim.x >= 64;
+    const uint32_t q = threadIdx.x - 32u;
+    if (split && q < a.world && q != a.rank && !*c.dead) peer_await_call(a, c, q, peer_call_of(a, c, q));
     if (p < a.world && !*c.dead) {
         peer_st_release(&peer_pad(c, p)->flags[0][blockIdx.x][a.rank], value, gpu);
         if (p != a.rank) {
             const uint32_t* flag = &peer_pad(c, a.rank)->flags[0][blockIdx.x][p];
             const PeerCall* slot = peer_call_of(a, c, p);
-            int seen = 0;
+            int seen = split ? 1 : 0;
             if ((int32_t)(peer_ld_acquire(flag, gpu) - value) < 0) {
                 const uint64_t start = peer_now();
                 uint32_t spins = 0;
