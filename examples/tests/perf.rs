@@ -215,6 +215,98 @@ fn each_algorithm_gets_its_own_rows() {
     assert!(err.to_string().contains("oneshot"), "{err}");
 }
 
+/// The host `symm` backend, refusing its `twoshot` algorithm as unsupported, the way a GPU
+/// backend refuses an algorithm a configuration cannot run.
+struct RefusesTwoshot {
+    inner: Box<dyn Communicator>,
+    twoshot: std::sync::atomic::AtomicBool,
+}
+
+impl RefusesTwoshot {
+    fn refuse(&self) -> Result<()> {
+        if self.twoshot.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::Unsupported("twoshot is refused here".into()));
+        }
+        Ok(())
+    }
+}
+
+impl Communicator for RefusesTwoshot {
+    fn name(&self) -> &str {
+        "refuses-twoshot"
+    }
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+    fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        self.refuse()?;
+        self.inner.all_reduce(send, recv, op)
+    }
+    fn all_reduce_in_place(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        self.refuse()?;
+        self.inner.all_reduce_in_place(buf, op)
+    }
+    fn all_gather(&self, send: BufferRef<'_>, recv: BufferMut<'_>) -> Result<()> {
+        self.inner.all_gather(send, recv)
+    }
+    fn reduce_scatter(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        self.inner.reduce_scatter(send, recv, op)
+    }
+    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<()> {
+        self.inner.broadcast(buf, root)
+    }
+    fn barrier(&self) -> Result<()> {
+        self.inner.barrier()
+    }
+    fn set_algorithm(&self, algorithm: Option<&str>) -> Result<()> {
+        self.twoshot.store(
+            algorithm == Some("twoshot"),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.inner.set_algorithm(algorithm)
+    }
+}
+
+#[test]
+fn an_algorithm_refused_as_unsupported_is_skipped_under_all_and_an_error_when_named() {
+    let refusing = |ctx: &RankContext| -> Result<Box<dyn Communicator>> {
+        Ok(Box::new(RefusesTwoshot {
+            inner: backends::find("symm").unwrap().create(ctx)?,
+            twoshot: Default::default(),
+        }))
+    };
+    let mut cfg = config(&[64, 4096], DType::F32, ReduceOp::Sum, true);
+    cfg.algorithms = Algorithms::All;
+    let notes = std::sync::Mutex::new(Vec::new());
+    let observe = |event: comm_examples::perf::sweep::Event<'_>| {
+        if let comm_examples::perf::sweep::Event::Note { message, .. } = event {
+            notes.lock().unwrap().push(message);
+        }
+    };
+    let rows = run_in_process("test", &refusing, 2, &cfg, &observe).expect("sweep runs");
+    let labels: Vec<String> = rows.iter().map(Row::label).collect();
+    assert!(labels.contains(&"test:oneshot".to_string()), "{labels:?}");
+    assert!(!labels.iter().any(|l| l.contains("twoshot")), "{labels:?}");
+    assert!(rows.iter().all(|r| !r.failed()));
+    let notes = notes.into_inner().unwrap();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("twoshot") && n.contains("skipped")),
+        "{notes:?}"
+    );
+
+    cfg.algorithms = Algorithms::Named(vec!["oneshot".into(), "twoshot".into()]);
+    let err = run_in_process("test", &refusing, 2, &cfg, &|_| {}).unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+}
+
 /// A backend that gets rank 1's first element wrong, out of place only.
 struct Faulty(LocalComm);
 

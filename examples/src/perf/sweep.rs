@@ -275,12 +275,55 @@ pub fn run_rank(
                 algorithm: run.algorithm,
                 launch,
             });
-            let table = run.sweep_dtype()?;
+            let table = run.sweep_dtype();
+            let table = match skippable(ctx, &cfg.algorithms, table)? {
+                Ok(table) => table,
+                Err(why) => {
+                    observe(Event::Note {
+                        backend,
+                        message: format!(
+                            "{} in {launch} mode: skipped: {why}",
+                            run.algorithm.unwrap_or("its own choice")
+                        ),
+                    });
+                    continue;
+                }
+            };
             observe(Event::End(&table));
             rows.extend(table);
         }
     }
     Ok(rows)
+}
+
+/// A table's outcome as every rank sees it: its rows, or - where every algorithm was asked
+/// for (`--algo all`) and every rank's table was refused as unsupported (an algorithm a
+/// configuration cannot run, such as copies captured on a shared device) - the reason, so
+/// that the sweep goes on with the next table. Any other error ends the sweep. Collective:
+/// the ranks agree through the bootstrap, so none goes on while another stops.
+fn skippable(
+    ctx: &RankContext,
+    wanted: &Algorithms,
+    table: Result<Vec<Row>>,
+) -> Result<std::result::Result<Vec<Row>, String>> {
+    const OK: u8 = 0;
+    const UNSUPPORTED: u8 = 1;
+    const FAILED: u8 = 2;
+    let mine = match &table {
+        Ok(_) => OK,
+        Err(Error::Unsupported(_)) if *wanted == Algorithms::All => UNSUPPORTED,
+        Err(_) => FAILED,
+    };
+    let all = ctx.bootstrap().all_gather_bytes(&[mine])?;
+    let every = |code: u8| all.iter().all(|v| v.first() == Some(&code));
+    match table {
+        Err(Error::Unsupported(why)) if every(UNSUPPORTED) => Ok(Err(why)),
+        Err(e) => Err(e),
+        Ok(_) if !every(OK) => Err(Error::Mismatch(
+            "another rank's table of this algorithm failed".into(),
+        )),
+        Ok(rows) => Ok(Ok(rows)),
+    }
 }
 
 /// The launch modes to measure `comm` in; a note when `--tune` cannot have its graph rows.
