@@ -314,7 +314,11 @@ fn skippable(
         Err(Error::Unsupported(_)) if *wanted == Algorithms::All => UNSUPPORTED,
         Err(_) => FAILED,
     };
-    let all = ctx.bootstrap().all_gather_bytes(&[mine])?;
+    // Where the exchange itself fails (a peer gone), the table's own error says more.
+    let all = match ctx.bootstrap().all_gather_bytes(&[mine]) {
+        Ok(all) => all,
+        Err(e) => return Err(table.err().unwrap_or(e)),
+    };
     let every = |code: u8| all.iter().all(|v| v.first() == Some(&code));
     match table {
         Err(Error::Unsupported(why)) if every(UNSUPPORTED) => Ok(Err(why)),
