@@ -276,9 +276,9 @@ pub fn run_rank(
                 launch,
             });
             let table = run.sweep_dtype();
-            let table = match skippable(ctx, &cfg.algorithms, table)? {
-                Ok(table) => table,
-                Err(why) => {
+            let table = match agree_on_table(ctx, &cfg.algorithms, table)? {
+                Table::Rows(table) => table,
+                Table::Skipped(why) => {
                     observe(Event::Note {
                         backend,
                         message: format!(
@@ -296,16 +296,23 @@ pub fn run_rank(
     Ok(rows)
 }
 
+/// A table's outcome as every rank sees it (see [`agree_on_table`]).
+enum Table {
+    Rows(Vec<Row>),
+    /// Refused as unsupported on every rank, for this reason.
+    Skipped(String),
+}
+
 /// A table's outcome as every rank sees it: its rows, or - where every algorithm was asked
 /// for (`--algo all`) and every rank's table was refused as unsupported (an algorithm a
-/// configuration cannot run, such as copies captured on a shared device) - the reason, so
-/// that the sweep goes on with the next table. Any other error ends the sweep. Collective:
-/// the ranks agree through the bootstrap, so none goes on while another stops.
-fn skippable(
+/// configuration cannot run, such as copies captured on a shared device) - skipped, so that
+/// the sweep goes on with the next table. Any other error ends the sweep. Collective: the
+/// ranks agree through the bootstrap, so none goes on while another stops.
+fn agree_on_table(
     ctx: &RankContext,
     wanted: &Algorithms,
     table: Result<Vec<Row>>,
-) -> Result<std::result::Result<Vec<Row>, String>> {
+) -> Result<Table> {
     const OK: u8 = 0;
     const UNSUPPORTED: u8 = 1;
     const FAILED: u8 = 2;
@@ -321,12 +328,12 @@ fn skippable(
     };
     let every = |code: u8| all.iter().all(|v| v.first() == Some(&code));
     match table {
-        Err(Error::Unsupported(why)) if every(UNSUPPORTED) => Ok(Err(why)),
+        Err(Error::Unsupported(why)) if every(UNSUPPORTED) => Ok(Table::Skipped(why)),
         Err(e) => Err(e),
         Ok(_) if !every(OK) => Err(Error::Mismatch(
             "another rank's table of this algorithm failed".into(),
         )),
-        Ok(rows) => Ok(Ok(rows)),
+        Ok(rows) => Ok(Table::Rows(rows)),
     }
 }
 
