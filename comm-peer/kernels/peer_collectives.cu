@@ -17,15 +17,22 @@
 // barrier; every rank reads every rank's vector and reduces. Eager needs no end barrier:
 // the other parity was last read in the previous call, which every peer finished before
 // it entered this call's barrier. Zero-copy reads the peers' own buffers, so it ends with
-// a barrier before they may be written again.
-template <int DT, int OP> __device__ void peer_oneshot_pull(const PeerArgs& a, const PeerCtx& c, uint64_t nvec) {
+// a barrier before they may be written again. `first`: eager, this thread's first input
+// vector, loaded already.
+template <int DT, int OP>
+__device__ void peer_oneshot_pull(const PeerArgs& a, const PeerCtx& c, uint64_t nvec, uint4 first) {
     const bool zc = c.input[0] != nullptr;
     const uint64_t dbuf = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
     const bool aligned = a.aligned != 0;
     if (!zc) {
         uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + dbuf);
-        peer_copy(
-            nvec, [&](uint64_t v) { return peer_load_user<DT>(a.input, v, a.count, aligned); },
+        // `first` is loaded where the launch has no zero-copy table (the same test as the
+        // loader's); a table without this rank's buffer would still be read correctly.
+        if (peer_tid() < nvec)
+            mine[peer_tid()] = a.inputs == nullptr ? first : peer_load_user<DT>(a.input, peer_tid(), a.count, aligned);
+        peer_copy_from(
+            peer_tid() + peer_stride(), nvec,
+            [&](uint64_t v) { return peer_load_user<DT>(a.input, v, a.count, aligned); },
             [&](uint64_t v, uint4 w) { mine[v] = w; });
     }
     if (!peer_agreeing_barrier(a, c)) return;
@@ -92,18 +99,21 @@ template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, c
 
 // oneshot-push (Lamport): write the input into this rank's slot of every peer's mailbox;
 // then wait for every peer's slot of this rank's mailbox and reduce. No barrier. The calls
-// are compared with the wait for each thread's first vector (peer_poll_agreeing).
-template <int DT, int OP> __device__ void peer_oneshot_push(const PeerArgs& a, const PeerCtx& c, uint64_t nvec) {
+// are compared with the wait for each thread's first vector (peer_poll_agreeing), which is
+// `first`, loaded already.
+template <int DT, int OP>
+__device__ void peer_oneshot_push(const PeerArgs& a, const PeerCtx& c, uint64_t nvec, uint4 first) {
     const bool aligned = a.aligned != 0;
     const uint64_t slot0 = a.off_push + (uint64_t)(c.seq % 3u) * a.world * a.lcap;
-    for (uint64_t v = peer_tid(); v < nvec; v += peer_stride())
+    const uint64_t v0 = peer_tid();
+    const bool have = v0 < nvec;
+    const uint4 own0 = have ? peer_sanitize<DT>(first) : uint4{};
+    if (have) peer_push(a, c, slot0, a.lcap, v0, own0);
+    for (uint64_t v = v0 + peer_stride(); v < nvec; v += peer_stride())
         peer_push(a, c, slot0, a.lcap, v, peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned)));
     peer_trace_sent(a, c);
     peer_reset_old_mailboxes(a, c);
     const char* inbox = c.region[a.rank] + slot0;
-    const uint64_t v0 = peer_tid();
-    const bool have = v0 < nvec;
-    const uint4 own0 = have ? peer_sanitize<DT>(peer_load_user<DT>(a.input, v0, a.count, aligned)) : uint4{};
     uint4 w0[PEER_MAX_RANKS];
     if (!peer_poll_agreeing<DT>(a, c, inbox, a.lcap, have, own0, v0, w0)) return;
     if (have) peer_store_user<DT>(a.output, v0, a.count, aligned, peer_reduce<DT, OP>(a, w0));
@@ -194,13 +204,20 @@ template <int DT, int OP> __device__ void peer_sum_staged(const PeerArgs& a) {
 #define PEER_ONESHOT_COPY 4
 
 template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(const PeerArgs& a) {
-    PEER_PROLOGUE(a, c)
-    peer_publish_call(a, c);
+    PEER_PROLOGUE_WAIT(a)
     const uint64_t nvec = (a.count + PeerDt<DT>::VEC - 1) / PeerDt<DT>::VEC;
+    // The one-shot kernels' first input vector of this thread, loaded while thread 0 loads
+    // the call state, so that the first store (to the data buffer or the peers' mailboxes)
+    // waits for one memory round trip, not two. Zero-copy pull reads inputs where they lie.
+    constexpr bool oneshot = ALGO == PEER_ONESHOT_PULL || ALGO == PEER_ONESHOT_PUSH;
+    const bool early = oneshot && peer_tid() < nvec && (ALGO == PEER_ONESHOT_PUSH || a.inputs == nullptr);
+    const uint4 first = early ? peer_load_user<DT>(a.input, peer_tid(), a.count, a.aligned != 0) : uint4{};
+    PEER_PROLOGUE_STATE(a, c)
+    peer_publish_call(a, c);
     const uint64_t S = (nvec + a.world - 1) / a.world;
-    if constexpr (ALGO == PEER_ONESHOT_PULL) peer_oneshot_pull<DT, OP>(a, c, nvec);
+    if constexpr (ALGO == PEER_ONESHOT_PULL) peer_oneshot_pull<DT, OP>(a, c, nvec, first);
     else if constexpr (ALGO == PEER_TWOSHOT_PULL) peer_twoshot_pull<DT, OP>(a, c, nvec);
-    else if constexpr (ALGO == PEER_ONESHOT_PUSH) peer_oneshot_push<DT, OP>(a, c, nvec);
+    else if constexpr (ALGO == PEER_ONESHOT_PUSH) peer_oneshot_push<DT, OP>(a, c, nvec, first);
     else peer_twoshot_push<DT, OP>(a, c, nvec);
     constexpr bool push = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_TWOSHOT_PUSH;
     peer_epilogue(a, c, ALGO == PEER_ONESHOT_PUSH ? nvec : 0, ALGO == PEER_TWOSHOT_PUSH ? S : 0,

@@ -171,14 +171,15 @@ __device__ __forceinline__ void peer_store_bytes(char* base, uint64_t v, uint64_
 __device__ __forceinline__ uint64_t peer_tid() { return (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ uint64_t peer_stride() { return (uint64_t)gridDim.x * blockDim.x; }
 
-// dst(i) = src(i) for i in [0, n), grid-stride, four loads in flight per thread (a copy is
-// otherwise one dependent load-store pair at a time, too few bytes in flight for HBM).
-// Thread t handles exactly the i = t (mod threads in grid) of a plain grid-stride loop, so
-// the per-block barrier pairing is unchanged.
+// dst(i) = src(i) for this thread's i in [start, n), grid-stride from `start` (peer_tid(),
+// or a later index of the thread's), four loads in flight per thread (a copy is otherwise
+// one dependent load-store pair at a time, too few bytes in flight for HBM). Thread t
+// handles exactly the i = t (mod threads in grid) of a plain grid-stride loop, so the
+// per-block barrier pairing is unchanged.
 template <typename Load, typename Store>
-__device__ __forceinline__ void peer_copy(uint64_t n, Load load, Store store) {
+__device__ __forceinline__ void peer_copy_from(uint64_t start, uint64_t n, Load load, Store store) {
+    uint64_t i = start;
     const uint64_t stride = peer_stride();
-    uint64_t i = peer_tid();
     for (; i + 3 * stride < n; i += 4 * stride) {
         const uint4 w0 = load(i), w1 = load(i + stride), w2 = load(i + 2 * stride), w3 = load(i + 3 * stride);
         store(i, w0);
@@ -187,4 +188,9 @@ __device__ __forceinline__ void peer_copy(uint64_t n, Load load, Store store) {
         store(i + 3 * stride, w3);
     }
     for (; i < n; i += stride) store(i, load(i));
+}
+
+template <typename Load, typename Store>
+__device__ __forceinline__ void peer_copy(uint64_t n, Load load, Store store) {
+    peer_copy_from(peer_tid(), n, load, store);
 }

@@ -470,11 +470,13 @@ __device__ __forceinline__ void peer_let_next_start() {
 // ---------------------------------------------------------------------------------------
 // Prologue and epilogue of every kernel.
 
-// Loads the tables into shared memory (written at join, so before the wait for the previous
-// kernel) and, after it, the call number, the abort flag and the Lamport bookkeeping the
-// epilogue needs (one thread, loads issued together: one memory round trip, not one per
-// use); returns at once when a previous launch gave up (the communicator is then unusable).
-#define PEER_PROLOGUE(a, c)                                                                          \
+// The prologue in two halves, so that a kernel can issue loads of its own between them
+// (PEER_PROLOGUE is both). The first loads the tables into shared memory (written at join,
+// so before the wait for the previous kernel), then waits for that kernel; the second loads
+// the call number, the abort flag and the Lamport bookkeeping the epilogue needs (one
+// thread, loads issued together: one memory round trip, not one per use) and returns at once
+// when a previous launch gave up (the communicator is then unusable).
+#define PEER_PROLOGUE_WAIT(a)                                                                         \
     __shared__ char* s_region[PEER_MAX_RANKS];                                                       \
     __shared__ const char* s_input[PEER_MAX_RANKS];                                                  \
     __shared__ uint64_t s_used[9];                                                                   \
@@ -489,7 +491,9 @@ __device__ __forceinline__ void peer_let_next_start() {
         s_input[p_] = (a.inputs != nullptr && p_ < (int)a.world) ? a.inputs->ptr[p_] + a.in_off : nullptr; \
     }                                                                                                \
     peer_wait_previous();                                                                            \
-    peer_let_next_start();                                                                           \
+    peer_let_next_start();
+
+#define PEER_PROLOGUE_STATE(a, c)                                                                     \
     if (threadIdx.x == 0) {                                                                          \
         const uint32_t seq_ = *(volatile uint32_t*)&s_state->seq[blockIdx.x];                        \
         const uint32_t abort_ = *(volatile uint32_t*)&s_state->abort;                                \
@@ -507,6 +511,9 @@ __device__ __forceinline__ void peer_let_next_start() {
     PeerCtx c{s_region, s_input, s_used, s_state, &s_dead, s_times, s_seq};                         \
     if (*c.dead) return;
 
+#define PEER_PROLOGUE(a, c) \
+    PEER_PROLOGUE_WAIT(a)     \
+    PEER_PROLOGUE_STATE(a, c)
 
 // Resets (to the sentinel) this rank's mailboxes of buffer (seq+2)%3, the previous call's,
 // as far as that call wrote them. They need no fence: this rank has had every peer's data of
