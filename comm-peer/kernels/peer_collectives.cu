@@ -356,16 +356,22 @@ template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
         peer_reset_old_mailboxes(a, c);
         const char* inbox = c.region[a.rank] + slot0;
         // The calls are compared with the wait for each thread's first vector (of the
-        // block's first row), which the row's first pass then takes from w0.
+        // block's first row), reduced at once (r0: four registers where the ranks' vectors
+        // would hold 32 through the rows, and spill), which the row's first pass then takes.
         const uint64_t row0 = blockIdx.x, j0 = threadIdx.x, v0 = row0 * rvec + j0;
         const bool have = row0 < rows && j0 < rvec;
         const uint4 own0 = have ? peer_sanitize<COMM_BF16>(in[v0]) : uint4{};
-        uint4 w0[PEER_MAX_RANKS];
-        const bool agreed = peer_poll_agreeing<COMM_BF16>(a, c, inbox, a.lcap, have, own0, v0, w0);
+        uint4 r0;
+        bool agreed;
+        {
+            uint4 w0[PEER_MAX_RANKS];
+            agreed = peer_poll_agreeing<COMM_BF16>(a, c, inbox, a.lcap, have, own0, v0, w0);
+            r0 = have ? peer_reduce<COMM_BF16, COMM_SUM>(a, w0) : uint4{};
+        }
         for (uint64_t row = blockIdx.x; agreed && row < rows; row += gridDim.x) {
             peer_norm_row(a, row, rvec, [&](uint64_t j) {
                 const uint64_t v = row * rvec + j;
-                if (v == v0 && have) return peer_reduce<COMM_BF16, COMM_SUM>(a, w0);
+                if (v == v0 && have) return r0;
                 uint4 w[PEER_MAX_RANKS];
                 peer_poll<COMM_BF16>(a, c, inbox, a.lcap, a.rank, peer_sanitize<COMM_BF16>(in[v]), v, w, 0);
                 return peer_reduce<COMM_BF16, COMM_SUM>(a, w);
