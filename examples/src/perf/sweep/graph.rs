@@ -2,8 +2,8 @@
 //!
 //! Per size and placement the warm-up calls run eagerly (backends set up at first use,
 //! which a capture cannot hold), then the `-n` timed calls are captured into one CUDA graph
-//! on the buffers' stream ([`crate::graph::capture`]). The graph is replayed once untimed
-//! (the first launch uploads it), then [`GRAPH_REPLAYS`] times between CUDA events; the
+//! on the buffers' stream ([`crate::graph::capture`]) and uploaded; once every rank is that
+//! far, it is replayed once untimed, then [`GRAPH_REPLAYS`] times between CUDA events; the
 //! reported time of one all-reduce is the median replay's time divided by the calls in it.
 //!
 //! `--check` checks the result of a replay on fresh data, against the same reference as
@@ -30,6 +30,7 @@ impl Run<'_> {
         graph: &CudaGraph,
         calls: usize,
     ) -> Result<f64> {
+        self.line_up_to_launch(memory, graph)?;
         graph.launch().map_err(driver_error)?;
         self.drain(memory)?;
         self.comm.barrier()?;
@@ -52,11 +53,23 @@ impl Run<'_> {
     ) -> Result<Vec<CudaGraph>> {
         let mut graphs = vec![timed];
         if in_place {
-            graphs.push(crate::graph::capture(memory.stream(), enqueue_one)?);
+            let one = crate::graph::capture(memory.stream(), enqueue_one)?;
+            self.line_up_to_launch(memory, &one)?;
+            graphs.push(one);
         }
         let checked = graphs.last().expect("the timed graph at least");
         checked.launch().map_err(driver_error)?;
         Ok(graphs)
+    }
+
+    /// Uploads a graph just captured, waits for the upload, then for every rank to be as
+    /// far, before its first replay: a rank's replayed kernels spin for their peers, and
+    /// where ranks are threads sharing a GPU a peer may still be capturing, instantiating
+    /// or uploading its own graph, which can wait for the device.
+    fn line_up_to_launch(&self, memory: &DeviceMemory, graph: &CudaGraph) -> Result<()> {
+        graph.upload().map_err(driver_error)?;
+        self.drain(memory)?;
+        self.ctl.barrier()
     }
 
     /// Destroys `graphs`, whose replays this rank has drained, while no rank has work on
