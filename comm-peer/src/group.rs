@@ -14,6 +14,7 @@ use comm_core::{Error, RawStream, Result};
 
 use crate::kernels::{Kernels, PeerArgs};
 use crate::layout::{ALL_CHANNELS, CHANNELS, HEADER_BYTES, MAX_RANKS, STATE_BYTES};
+use crate::progress;
 use crate::source::PeerSource;
 use crate::status::Status;
 use crate::trace::Trace;
@@ -177,9 +178,31 @@ impl PeerGroup {
 
     /// What a kernel recorded, poisoning the group when it recorded anything.
     fn recorded(&self) -> Result<()> {
-        self.status.check(self.timeout).inspect_err(|e| {
-            self.dead.borrow_mut().get_or_insert_with(|| e.to_string());
-        })
+        self.status
+            .check(self.timeout)
+            .map_err(|e| self.with_peer_progress(e))
+            .inspect_err(|e| {
+                self.dead.borrow_mut().get_or_insert_with(|| e.to_string());
+            })
+    }
+
+    /// A recorded timeout, the first time it is seen, with where the missing peer is
+    /// (`progress`); as it was when that cannot be read.
+    fn with_peer_progress(&self, e: Error) -> Error {
+        if self.dead.borrow().is_some() {
+            return e;
+        }
+        let (Error::Timeout { what, after }, Some(peer)) = (&e, self.status.waited_for()) else {
+            return e;
+        };
+        let pad = self.source.ptrs()[self.rank];
+        match progress::read(&self.ctx, self.state.device_ptr(), pad, peer) {
+            Ok((this, announced)) => Error::Timeout {
+                what: format!("{what}{}", progress::describe(peer, this, announced)),
+                after: *after,
+            },
+            Err(_) => e,
+        }
     }
 
     /// Marks the group unusable after a fatal error; returns the error.

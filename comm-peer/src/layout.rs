@@ -21,11 +21,13 @@ pub const OWN_CHANNELS: usize = 2;
 pub const ALL_CHANNELS: usize = CHANNELS + OWN_CHANNELS;
 /// Words of a call descriptor the kernels compare (`PeerCall`: the words and a tag).
 pub const CALL_WORDS: usize = 7;
-/// Bytes of the pad peers write: `flags[2][MAX_BLOCKS][MAX_RANKS]` +
-/// `chan[ALL_CHANNELS][MAX_RANKS]` (u32) + `calls[2][MAX_RANKS]` of `CALL_WORDS + 1` u64 (each
-/// word tagged with its call).
-pub const PAD_BYTES: usize = (2 * MAX_BLOCKS as usize * MAX_RANKS + ALL_CHANNELS * MAX_RANKS) * 4
-    + 2 * MAX_RANKS * (CALL_WORDS + 1) * 8;
+/// Where the pad's call slots start: after `flags[2][MAX_BLOCKS][MAX_RANKS]` and
+/// `chan[ALL_CHANNELS][MAX_RANKS]` (u32).
+pub const CALLS_OFFSET: usize =
+    (2 * MAX_BLOCKS as usize * MAX_RANKS + ALL_CHANNELS * MAX_RANKS) * 4;
+/// Bytes of the pad peers write: the flags and channels, then `calls[2][MAX_RANKS]` of
+/// `CALL_WORDS + 1` u64 (each word tagged with its call).
+pub const PAD_BYTES: usize = CALLS_OFFSET + 2 * MAX_RANKS * (CALL_WORDS + 1) * 8;
 /// Bytes of `PeerState`, this rank's own bookkeeping (MAX_BLOCKS + 2 u32, 3 x 3 u64,
 /// 2 x ALL_CHANNELS x MAX_RANKS u32), kept in device memory beside the region, not in it.
 pub const STATE_BYTES: usize =

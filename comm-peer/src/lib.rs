@@ -47,6 +47,7 @@ mod fused;
 mod group;
 pub mod kernels;
 pub mod layout;
+mod progress;
 mod registered;
 mod scratch;
 mod source;

@@ -79,6 +79,13 @@ impl Status {
         unsafe { self.host.add(BARRIER_WORD).read_volatile() }
     }
 
+    /// The peer a collective's recorded wait gave up on (not a signal's, not a mismatch).
+    pub(crate) fn waited_for(&self) -> Option<usize> {
+        // SAFETY: words of our allocation; kernels write word 0 last.
+        let (code, peer) = unsafe { (self.host.read_volatile(), self.host.add(3).read_volatile()) };
+        matches!(code, TIMEOUT_BARRIER | TIMEOUT_LAMPORT | TIMEOUT_CALL).then_some(peer as usize)
+    }
+
     /// `Err(Timeout)` once a kernel has recorded a failed wait, `Err(Mismatch)` naming both
     /// calls once one has found a peer making another call.
     pub(crate) fn check(&self, timeout: Duration) -> Result<()> {
