@@ -97,6 +97,23 @@ template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, c
     }
 }
 
+// The wait and reduction of the one-shot Lamport kernels once this rank's data is out:
+// every peer's slot at box(p), the calls compared with the wait for each thread's first
+// vector (peer_poll_agreeing; own0, its own contribution, loaded already), then the rest
+// in batches.
+template <int DT, int OP, typename Box>
+__device__ void peer_reduce_arrivals(const PeerArgs& a, const PeerCtx& c, Box box, uint64_t nvec, bool have,
+                                     uint4 own0) {
+    const bool aligned = a.aligned != 0;
+    const uint64_t v0 = peer_tid();
+    uint4 w0[PEER_MAX_RANKS];
+    if (!peer_poll_agreeing<DT>(a, c, box, have, own0, v0, w0)) return;
+    if (have) peer_store_user<DT>(a.output, v0, a.count, aligned, peer_reduce<DT, OP>(a, w0));
+    peer_reduce_batches<DT, OP>(
+        a, c, box, v0 + peer_stride(), nvec, [](uint64_t v) { return v; },
+        [&](uint64_t v, uint4 r) { peer_store_user<DT>(a.output, v, a.count, aligned, r); });
+}
+
 // oneshot-push (Lamport): write the input into this rank's slot of every peer's mailbox;
 // then wait for every peer's slot of this rank's mailbox and reduce. No barrier. The calls
 // are compared with the wait for each thread's first vector (peer_poll_agreeing), which is
@@ -112,14 +129,37 @@ __device__ void peer_oneshot_push(const PeerArgs& a, const PeerCtx& c, uint64_t 
     for (uint64_t v = v0 + peer_stride(); v < nvec; v += peer_stride())
         peer_push(a, c, slot0, a.lcap, v, peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned)));
     peer_trace_sent(a, c);
-    peer_reset_old_mailboxes(a, c);
+    peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
     const char* inbox = c.region[a.rank] + slot0;
-    uint4 w0[PEER_MAX_RANKS];
-    if (!peer_poll_agreeing<DT>(a, c, inbox, a.lcap, have, own0, v0, w0)) return;
-    if (have) peer_store_user<DT>(a.output, v0, a.count, aligned, peer_reduce<DT, OP>(a, w0));
-    peer_reduce_batches<DT, OP>(
-        a, c, inbox, a.lcap, v0 + peer_stride(), nvec, [](uint64_t v) { return v; },
-        [&](uint64_t v, uint4 r) { peer_store_user<DT>(a.output, v, a.count, aligned, r); });
+    peer_reduce_arrivals<DT, OP>(a, c, [inbox, &a](uint32_t p) { return inbox + p * a.lcap; }, nvec, have, own0);
+}
+
+// oneshot-local (Lamport, every rank's region in this one device's memory): write the input
+// into this rank's own slot of its own mailbox buffer; wait for every peer's own slot, in
+// the peer's region, and reduce. Push's exchange with a seventh of its stores at 8 ranks (no
+// copy into every peer), and no barrier: where all regions are one device's memory, reading
+// a peer's slot costs what reading one's own does. Peers read this rank's slot, so it is
+// reset (two calls later) only once this rank has seen every peer in its next call
+// (PEER_USED_OWN, peer_reset_old_mailboxes).
+template <int DT, int OP>
+__device__ void peer_oneshot_local(const PeerArgs& a, const PeerCtx& c, uint64_t nvec, uint4 first) {
+    const bool aligned = a.aligned != 0;
+    const uint64_t slot0 = a.off_push + (uint64_t)(c.seq % 3u) * a.world * a.lcap;
+    uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + slot0 + a.rank * a.lcap);
+    const uint64_t v0 = peer_tid();
+    const bool have = v0 < nvec;
+    const uint4 own0 = have ? peer_sanitize<DT>(first) : uint4{};
+    if (have) peer_st_volatile(mine + v0, own0);
+    for (uint64_t v = v0 + peer_stride(); v < nvec; v += peer_stride())
+        peer_st_volatile(mine + v, peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned)));
+    // Every peer's slot, from a table in shared memory: computed where the waits use it, the
+    // addresses would hold registers through them (and spill).
+    __shared__ const char* s_slot[PEER_MAX_RANKS];
+    if (threadIdx.x < a.world) s_slot[threadIdx.x] = c.region[threadIdx.x] + slot0 + threadIdx.x * a.lcap;
+    peer_trace_sent(a, c);
+    peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
+    __syncthreads();
+    peer_reduce_arrivals<DT, OP>(a, c, [](uint32_t p) { return s_slot[p]; }, nvec, have, own0);
 }
 
 // twoshot-push (Lamport): push slice s of the input into rank s's slice mailbox; reduce
@@ -138,14 +178,15 @@ template <int DT, int OP> __device__ void peer_twoshot_push(const PeerArgs& a, c
             peer_st_volatile(dst + i, peer_sanitize<DT>(peer_load_user<DT>(a.input, s * S + i, a.count, aligned)));
     }
     peer_trace_sent(a, c);
-    peer_reset_old_mailboxes(a, c);
+    peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
     const char* inbox = c.region[me] + recv0;
+    const auto box = [inbox, cap = a.slice_cap](uint32_t p) { return inbox + p * cap; };
     // The calls are compared with the wait for each thread's first vector of the slice.
     const uint64_t i0 = peer_tid();
     const bool have = i0 < S && me * S + i0 < nvec;
     const uint4 own0 = have ? peer_sanitize<DT>(peer_load_user<DT>(a.input, me * S + i0, a.count, aligned)) : uint4{};
     uint4 w0[PEER_MAX_RANKS];
-    if (!peer_poll_agreeing<DT>(a, c, inbox, a.slice_cap, have, own0, i0, w0)) return;
+    if (!peer_poll_agreeing<DT>(a, c, box, have, own0, i0, w0)) return;
     // This rank's slice: entries [0, mine) of the slice mailboxes, vectors me * S + i.
     const uint64_t mine = me * S >= nvec ? 0 : (nvec - me * S < S ? nvec - me * S : S);
     const auto publish = [&](uint64_t i, uint4 reduced) {
@@ -159,7 +200,7 @@ template <int DT, int OP> __device__ void peer_twoshot_push(const PeerArgs& a, c
     };
     if (have) publish(i0, peer_reduce<DT, OP>(a, w0));
     if (!peer_reduce_batches<DT, OP>(
-            a, c, inbox, a.slice_cap, i0 + peer_stride(), mine, [&](uint64_t i) { return me * S + i; }, publish))
+            a, c, box, i0 + peer_stride(), mine, [&](uint64_t i) { return me * S + i; }, publish))
         return;
     const uint4* results = reinterpret_cast<const uint4*>(c.region[me] + result0);
     for (uint32_t k = 1; k < a.world; ++k) {
@@ -202,6 +243,7 @@ template <int DT, int OP> __device__ void peer_sum_staged(const PeerArgs& a) {
 #define PEER_ONESHOT_PUSH 2
 #define PEER_TWOSHOT_PUSH 3
 #define PEER_ONESHOT_COPY 4
+#define PEER_ONESHOT_LOCAL 5
 
 template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(const PeerArgs& a) {
     PEER_PROLOGUE_WAIT(a)
@@ -209,8 +251,8 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(c
     // The one-shot kernels' first input vector of this thread, loaded while thread 0 loads
     // the call state, so that the first store (to the data buffer or the peers' mailboxes)
     // waits for one memory round trip, not two. Zero-copy pull reads inputs where they lie.
-    constexpr bool oneshot = ALGO == PEER_ONESHOT_PULL || ALGO == PEER_ONESHOT_PUSH;
-    const bool early = oneshot && peer_tid() < nvec && (ALGO == PEER_ONESHOT_PUSH || a.inputs == nullptr);
+    constexpr bool oneshot = ALGO == PEER_ONESHOT_PULL || ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL;
+    const bool early = oneshot && peer_tid() < nvec && (ALGO != PEER_ONESHOT_PULL || a.inputs == nullptr);
     const uint4 first = early ? peer_load_user<DT>(a.input, peer_tid(), a.count, a.aligned != 0) : uint4{};
     PEER_PROLOGUE_STATE(a, c)
     peer_publish_call(a, c);
@@ -218,10 +260,15 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(c
     if constexpr (ALGO == PEER_ONESHOT_PULL) peer_oneshot_pull<DT, OP>(a, c, nvec, first);
     else if constexpr (ALGO == PEER_TWOSHOT_PULL) peer_twoshot_pull<DT, OP>(a, c, nvec);
     else if constexpr (ALGO == PEER_ONESHOT_PUSH) peer_oneshot_push<DT, OP>(a, c, nvec, first);
+    else if constexpr (ALGO == PEER_ONESHOT_LOCAL) peer_oneshot_local<DT, OP>(a, c, nvec, first);
     else peer_twoshot_push<DT, OP>(a, c, nvec);
-    constexpr bool push = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_TWOSHOT_PUSH;
-    peer_epilogue(a, c, ALGO == PEER_ONESHOT_PUSH ? nvec : 0, ALGO == PEER_TWOSHOT_PUSH ? S : 0,
-                  ALGO == PEER_TWOSHOT_PUSH ? nvec : 0, /*reset=*/!push);
+    // Push kernels reset what peers wrote while their own data travels; what peers read
+    // (a one-shot local buffer) waits until every peer is seen in this call.
+    constexpr bool push = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_TWOSHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL;
+    constexpr bool oneshot_mailbox = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL;
+    const uint64_t oneshot_used = oneshot_mailbox ? nvec * 16 | (ALGO == PEER_ONESHOT_LOCAL ? PEER_USED_OWN : 0) : 0;
+    peer_epilogue(a, c, oneshot_used, ALGO == PEER_TWOSHOT_PUSH ? S : 0, ALGO == PEER_TWOSHOT_PUSH ? nvec : 0,
+                  push ? PEER_RESET_OWN : PEER_RESET_ALL);
 }
 
 template <int ALGO, int DT, int OP> __device__ void peer_all_reduce(const PeerArgs& a) {
@@ -353,8 +400,9 @@ template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
         for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x)
             for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x)
                 peer_push(a, c, slot0, a.lcap, row * rvec + j, peer_sanitize<COMM_BF16>(in[row * rvec + j]));
-        peer_reset_old_mailboxes(a, c);
+        peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
         const char* inbox = c.region[a.rank] + slot0;
+        const auto box = [inbox, &a](uint32_t p) { return inbox + p * a.lcap; };
         // The calls are compared with the wait for each thread's first vector (of the
         // block's first row), reduced at once (r0: four registers where the ranks' vectors
         // would hold 32 through the rows, and spill), which the row's first pass then takes.
@@ -365,7 +413,7 @@ template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
         bool agreed;
         {
             uint4 w0[PEER_MAX_RANKS];
-            agreed = peer_poll_agreeing<COMM_BF16>(a, c, inbox, a.lcap, have, own0, v0, w0);
+            agreed = peer_poll_agreeing<COMM_BF16>(a, c, box, have, own0, v0, w0);
             r0 = have ? peer_reduce<COMM_BF16, COMM_SUM>(a, w0) : uint4{};
         }
         for (uint64_t row = blockIdx.x; agreed && row < rows; row += gridDim.x) {
@@ -373,7 +421,7 @@ template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
                 const uint64_t v = row * rvec + j;
                 if (v == v0 && have) return r0;
                 uint4 w[PEER_MAX_RANKS];
-                peer_poll<COMM_BF16>(a, c, inbox, a.lcap, a.rank, peer_sanitize<COMM_BF16>(in[v]), v, w, 0);
+                peer_poll<COMM_BF16>(a, c, box, a.rank, peer_sanitize<COMM_BF16>(in[v]), v, w, 0);
                 return peer_reduce<COMM_BF16, COMM_SUM>(a, w);
             });
             if (*c.dead) break;  // uniform: read after the block sum's barriers
@@ -390,7 +438,8 @@ template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
                 });
         }
     }
-    peer_epilogue(a, c, ALGO == PEER_ONESHOT_PUSH ? nvec : 0, 0, 0, /*reset=*/ALGO != PEER_ONESHOT_PUSH);
+    peer_epilogue(a, c, ALGO == PEER_ONESHOT_PUSH ? nvec * 16 : 0, 0, 0,
+                  ALGO == PEER_ONESHOT_PUSH ? PEER_RESET_OWN : PEER_RESET_ALL);
 }
 
 extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_fused_rmsnorm_push(PeerArgs a) {
@@ -460,6 +509,7 @@ extern "C" __global__ void peer_agree_only(PeerArgs a) {
     PEER_AR(PEER_ONESHOT_PUSH, oneshot_push, DT, DNAME, OP, ONAME)    \
     PEER_AR(PEER_TWOSHOT_PUSH, twoshot_push, DT, DNAME, OP, ONAME)    \
     PEER_AR(PEER_ONESHOT_COPY, oneshot_copy, DT, DNAME, OP, ONAME)    \
+    PEER_AR(PEER_ONESHOT_LOCAL, oneshot_local, DT, DNAME, OP, ONAME)  \
     PEER_RS(DT, DNAME, OP, ONAME)
 #define PEER_DTYPE(DT, DNAME)                 \
     PEER_OPS(DT, DNAME, COMM_SUM, sum)        \

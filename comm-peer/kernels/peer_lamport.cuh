@@ -30,12 +30,13 @@ __device__ __forceinline__ bool peer_settle(const PeerArgs& a, const PeerCtx& c,
     }
 }
 
-// Fills w[p] with vector v of every sender p's slot (slot p at src + p * stride), waiting
-// until none holds the sentinel; w[skip] = own. On give-up *c.dead is set.
-template <int DT>
-__device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, const char* src, uint64_t stride,
-                                          uint32_t skip, uint4 own, uint64_t v, uint4* w, uint32_t phase) {
-    const auto slot = [&](int p) { return reinterpret_cast<const uint4*>(src + p * stride) + v; };
+// Fills w[p] with vector v of every sender p's slot (slot p at box(p): this rank's mailbox
+// for push, the peer's own slot where ranks share a device), waiting until none holds the
+// sentinel; w[skip] = own. On give-up *c.dead is set.
+template <int DT, typename Box>
+__device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, Box box, uint32_t skip, uint4 own,
+                                          uint64_t v, uint4* w, uint32_t phase) {
+    const auto slot = [&](int p) { return reinterpret_cast<const uint4*>(box((uint32_t)p)) + v; };
     uint32_t pending = 0;
 #pragma unroll
     for (int p = 0; p < PEER_MAX_RANKS; ++p) {
@@ -55,9 +56,9 @@ __device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, c
 // costs no round trip of its own (the wait notices a peer making another call, whose data
 // may never come). Every thread of the block calls it (it ends with __syncthreads); false
 // when the block must stop.
-template <int DT>
-__device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, const char* src, uint64_t stride, bool have,
-                                   uint4 own, uint64_t v, uint4* w) {
+template <int DT, typename Box>
+__device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, Box box, bool have, uint4 own, uint64_t v,
+                                   uint4* w) {
     // The checkers are warp 1 where there is one, so that their loads do not queue ahead of
     // warp 0's first polls.
     const uint32_t p = blockDim.x >= 64 ? threadIdx.x - 32u : threadIdx.x;
@@ -65,7 +66,7 @@ __device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, const ch
     uint64_t call[PEER_CALL_WORDS];
     if (checker) peer_load_call(peer_call_of(a, c, p), call);
     if (have) {
-        peer_poll<DT>(a, c, src, stride, a.rank, own, v, w, 0);
+        peer_poll<DT>(a, c, box, a.rank, own, v, w, 0);
         if (threadIdx.x == 0) peer_trace_seen(a, c);
     }
     if (checker && !*c.dead && peer_judge_call(a, c, p, call) == 0) peer_await_call(a, c, p, peer_call_of(a, c, p));
@@ -112,17 +113,17 @@ template <int DT, int OP> __device__ __forceinline__ uint4 peer_reduce(const Pee
     return peer_pack<DT>(acc);
 }
 
-// Waits for entries j = first, first + peer_stride(), ... < end of every peer's slot of a
-// mailbox (slot p at inbox + p * slot_bytes) and hands each entry's reduction, in rank order,
+// Waits for entries j = first, first + peer_stride(), ... < end of every peer's slot (slot p
+// at box(p), as peer_poll) and hands each entry's reduction, in rank order,
 // to done(j, reduced); this rank's contribution to entry j is vector user(j) of its input.
 // Entries go in batches of PEER_MAX_RANKS / world (4 with two ranks) whose loads from every
 // peer are in flight together, so that a thread waits one memory round trip per batch, not
 // one per entry: through host memory a round trip takes microseconds, and over NVLink more
 // loads in flight carry more bandwidth. Slot i of a batch holds entry i / world of rank
 // i % world, so that slot order is rank order (peer_fold). False when the block must stop.
-template <int DT, int OP, typename User, typename Done>
-__device__ bool peer_reduce_batches(const PeerArgs& a, const PeerCtx& c, const char* inbox, uint64_t slot_bytes,
-                                    uint64_t first, uint64_t end, User user, Done done) {
+template <int DT, int OP, typename Box, typename User, typename Done>
+__device__ bool peer_reduce_batches(const PeerArgs& a, const PeerCtx& c, Box box, uint64_t first, uint64_t end,
+                                    User user, Done done) {
     const bool aligned = a.aligned != 0;
     const uint32_t world = a.world, per = PEER_MAX_RANKS / world;
     const uint64_t stride = peer_stride();
@@ -133,7 +134,7 @@ __device__ bool peer_reduce_batches(const PeerArgs& a, const PeerCtx& c, const c
     const auto rank_of = [&](uint32_t i) { return i % world; };
     for (uint64_t base = first; base < end; base += per * stride) {
         const auto slot = [&](int i) {
-            return reinterpret_cast<const uint4*>(inbox + rank_of(i) * slot_bytes) + base + entry_of(i) * stride;
+            return reinterpret_cast<const uint4*>(box(rank_of(i))) + base + entry_of(i) * stride;
         };
         uint4 s[PEER_MAX_RANKS];
         uint32_t used = 0, pending = 0;

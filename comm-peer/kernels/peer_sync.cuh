@@ -515,22 +515,45 @@ __device__ __forceinline__ void peer_let_next_start() {
     PEER_PROLOGUE_WAIT(a)     \
     PEER_PROLOGUE_STATE(a, c)
 
+// What peer_reset_old_mailboxes resets: the slots peers wrote into (push), or this rank's
+// own slot, which peers read (one-shot local).
+#define PEER_RESET_PEERS 1u
+#define PEER_RESET_OWN 2u
+#define PEER_RESET_ALL 3u
+// PeerState.used[PEER_MB_ONESHOT][buffer]: the call wrote its own slot (one-shot local),
+// not the peers'.
+#define PEER_USED_OWN (1ull << 63)
+
 // Resets (to the sentinel) this rank's mailboxes of buffer (seq+2)%3, the previous call's,
-// as far as that call wrote them. They need no fence: this rank has had every peer's data of
-// that call, and peers write into that buffer again only two calls later, after kernel
-// boundaries and after seeing data this rank sends in the next call. So a kernel may do it
-// at any point: push kernels do it while their data travels, the others in the epilogue.
-__device__ void peer_reset_old_mailboxes(const PeerArgs& a, const PeerCtx& c) {
+// as far as that call wrote them (`which` of them).
+// - What peers wrote needs no fence: this rank has had every peer's data of that call, and
+//   peers write into that buffer again only two calls later, after kernel boundaries and
+//   after seeing data this rank sends in the next call. So a kernel may do it at any point:
+//   push kernels do it while their data travels, the others in the epilogue.
+// - This rank's own slot (one-shot local), which peers read, only once every peer has been
+//   seen in this call (its first wait or barrier is over): then each has finished the
+//   previous call and read the slot. Its next writes come after kernel boundaries, and
+//   peers read the buffer again only after seeing this rank's data of the next call, so
+//   they find the sentinel or the new data, never the old (one device's memory, where
+//   this kernel runs: one point of coherence).
+__device__ __forceinline__ void peer_reset_old_mailboxes(const PeerArgs& a, const PeerCtx& c, uint32_t which) {
     const uint32_t old = (c.seq + 2u) % 3u;
     char* base = c.region[a.rank];
     const uint4 ones = make_uint4(0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu);
-    const uint64_t used_one = c.used[PEER_MB_ONESHOT * 3 + old] / 16;
+    const uint64_t one_used = c.used[PEER_MB_ONESHOT * 3 + old];
+    const bool own = (one_used & PEER_USED_OWN) != 0;
+    if ((which & PEER_RESET_OWN) && own) {
+        uint4* one = reinterpret_cast<uint4*>(base + a.off_push + ((uint64_t)old * a.world + a.rank) * a.lcap);
+        for (uint64_t v = peer_tid(); v < (one_used & ~PEER_USED_OWN) / 16; v += peer_stride()) one[v] = ones;
+    }
+    if (!(which & PEER_RESET_PEERS)) return;
+    const uint64_t used_one = own ? 0 : one_used / 16;
     const uint64_t used_recv = c.used[PEER_MB_RECV * 3 + old] / 16;
     const uint64_t used_res = c.used[PEER_MB_RESULT * 3 + old] / 16;
     for (uint32_t p = 0; p < a.world; ++p) {
-        // No rank sends into its own slot (its contribution comes from its input), so that
-        // slot still holds the sentinel: resetting it would only cost writes, which cross
-        // PCIe where the regions are host memory.
+        // A push never sends into its own slot (its contribution comes from its input), so
+        // that slot still holds the sentinel: resetting it would only cost writes, which
+        // cross PCIe where the regions are host memory.
         if (p == a.rank) continue;
         uint4* one = reinterpret_cast<uint4*>(base + a.off_push + ((uint64_t)old * a.world + p) * a.lcap);
         for (uint64_t v = peer_tid(); v < used_one; v += peer_stride()) one[v] = ones;
@@ -541,18 +564,21 @@ __device__ void peer_reset_old_mailboxes(const PeerArgs& a, const PeerCtx& c) {
     for (uint64_t v = peer_tid(); v < used_res; v += peer_stride()) res[v] = ones;
 }
 
-// Resets the previous call's mailboxes unless the kernel did (`reset`), records what this
-// call wrote into buffer seq%3 (vectors per sender slot of each kind), then advances this
-// block's copies of the call counter (see the top). Nothing here waits for memory: the next
-// launch reads all of it after this one has completed.
-__device__ void peer_epilogue(const PeerArgs& a, const PeerCtx& c, uint64_t oneshot_vecs, uint64_t recv_vecs,
-                              uint64_t result_vecs, bool reset = true) {
+// Resets the previous call's mailboxes (`reset`: which of them; push kernels reset what
+// peers wrote early), records what this call wrote into buffer seq%3 (bytes per sender slot
+// of each kind; the one-shot kind with PEER_USED_OWN where it wrote its own slot), then
+// advances this block's copies of the call counter (see the top). Nothing here waits for
+// memory: the next launch reads all of it after this one has completed. Every caller has
+// seen every peer in this call (its barrier, its wait or its comparison of the calls), or
+// has given up.
+__device__ __forceinline__ void peer_epilogue(const PeerArgs& a, const PeerCtx& c, uint64_t oneshot_bytes, uint64_t recv_vecs,
+                              uint64_t result_vecs, uint32_t reset = PEER_RESET_ALL) {
     __syncthreads();
     if (*c.dead) return;
     const uint32_t cur = c.seq % 3u;
-    if (reset) peer_reset_old_mailboxes(a, c);
+    peer_reset_old_mailboxes(a, c, reset);
     if (threadIdx.x == 0 && blockIdx.x == 0) {
-        c.state->used[PEER_MB_ONESHOT][cur] = oneshot_vecs * 16;
+        c.state->used[PEER_MB_ONESHOT][cur] = oneshot_bytes;
         c.state->used[PEER_MB_RECV][cur] = recv_vecs * 16;
         c.state->used[PEER_MB_RESULT][cur] = result_vecs * 16;
     }

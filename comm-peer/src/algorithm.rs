@@ -20,6 +20,9 @@ pub enum Algorithm {
     TwoshotPull,
     /// Lamport: every rank writes its data into every peer's mailbox (a sentinel marks
     /// what has not arrived), then reduces its own mailbox. No barrier; posted writes only.
+    /// Where every rank's region is one device's memory (ranks sharing a GPU), each rank
+    /// writes its data once, into its own mailbox, and reads its peers' there: a peer's
+    /// memory is as near as its own, and the stores are `1/(n-1)` of pushing.
     OneshotPush,
     /// Lamport two-shot: slice j goes to rank j, which reduces it and pushes the result to
     /// every rank.

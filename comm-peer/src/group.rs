@@ -145,6 +145,12 @@ impl PeerGroup {
         self.source.host_memory()
     }
 
+    /// True when every rank's region is the memory of this one device: the kernels' flags
+    /// then need only `.gpu` scope, and a peer's memory is as near as this rank's own.
+    pub fn same_device(&self) -> bool {
+        gpu_scope(self.source.sharing(), self.world, self.source.host_memory())
+    }
+
     /// Every rank's region as mapped in this process (device addresses), by rank.
     pub fn peer_ptrs(&self) -> &[u64] {
         self.source.ptrs()
@@ -239,11 +245,7 @@ impl PeerGroup {
             timeout_ns: self.timeout.as_nanos().min(u128::from(u64::MAX)) as u64,
             rank: self.rank as u32,
             world: self.world as u32,
-            gpu_scope: u32::from(gpu_scope(
-                self.source.sharing(),
-                self.world,
-                self.source.host_memory(),
-            )),
+            gpu_scope: u32::from(self.same_device()),
             ..PeerArgs::default()
         }
     }

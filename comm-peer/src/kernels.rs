@@ -92,6 +92,24 @@ pub(crate) fn all_reduce_kernel(algorithm: Algorithm, dtype: DType, op: ReduceOp
         .map_or(UNKNOWN, String::as_str)
 }
 
+/// The one-shot push kernel where every rank's region is one device's memory
+/// ([`crate::PeerGroup::same_device`]): `peer_oneshot_local_<dtype>_<op>`, in which each rank
+/// writes its own slot and reads its peers' instead of writing into every peer (made once).
+pub(crate) fn oneshot_local_kernel(dtype: DType, op: ReduceOp) -> &'static str {
+    static NAMES: OnceLock<HashMap<(DType, ReduceOp), String>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        DTYPES
+            .into_iter()
+            .flat_map(|dtype| OPS.map(|op| ((dtype, op), local_name(dtype, op))))
+            .collect()
+    });
+    names.get(&(dtype, op)).map_or(UNKNOWN, String::as_str)
+}
+
+fn local_name(dtype: DType, op: ReduceOp) -> String {
+    format!("peer_oneshot_local_{}_{}", dtype.name(), op.name())
+}
+
 /// The name of a reduce-scatter kernel: `peer_reduce_scatter_<dtype>_<op>` (made once).
 pub(crate) fn reduce_scatter_kernel(dtype: DType, op: ReduceOp) -> &'static str {
     static NAMES: OnceLock<HashMap<(DType, ReduceOp), String>> = OnceLock::new();
@@ -181,6 +199,11 @@ fn every_kernel_name() -> Vec<String> {
     .map(String::from)
     .to_vec();
     names.extend(every_reducing_kernel().map(|(algorithm, dtype, op)| name(algorithm, dtype, op)));
+    names.extend(
+        DTYPES
+            .into_iter()
+            .flat_map(|dtype| OPS.map(|op| local_name(dtype, op))),
+    );
     names
 }
 
@@ -447,8 +470,9 @@ mod tests {
     #[test]
     fn every_loaded_name_is_a_kernel_of_the_source() {
         let names = every_kernel_name();
-        // 8 kernels by name, and per dtype (3) and op (4): 5 all-reduces, 1 reduce-scatter.
-        assert_eq!(names.len(), 8 + 3 * 4 * 6);
+        // 8 kernels by name, and per dtype (3) and op (4): 5 all-reduces, the one-shot local
+        // all-reduce, 1 reduce-scatter.
+        assert_eq!(names.len(), 8 + 3 * 4 * 7);
         for n in names
             .iter()
             .filter(|n| !n.contains("_f32_") && !n.contains("_f16_") && !n.contains("_bf16_"))
