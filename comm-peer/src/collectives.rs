@@ -10,10 +10,7 @@ use comm_core::{BufferMut, BufferRef, CallDescriptor, RawStream, ReduceOp, Resul
 use crate::algorithm::Algorithm;
 use crate::chunks::Cut;
 use crate::comm::PeerComm;
-use crate::kernels::{
-    PeerArgs, all_reduce_kernel, all_reduce_work, blocks, oneshot_local_kernel,
-    reduce_scatter_kernel,
-};
+use crate::kernels::{PeerArgs, all_reduce_kernel, all_reduce_work, blocks, reduce_scatter_kernel};
 use crate::scratch::Rows;
 
 /// How one all-reduce runs, decided by each rank and compared when validating.
@@ -128,12 +125,12 @@ impl PeerComm {
         if plan.algorithm == Algorithm::OneshotCopy {
             return self.reduce_by_copies(&agreed, send_addr, recv_addr, bytes);
         }
-        let op = call.op.unwrap_or(ReduceOp::Sum);
-        let kernel = if plan.algorithm == Algorithm::OneshotPush && self.group.same_device() {
-            oneshot_local_kernel(call.dtype, op)
-        } else {
-            all_reduce_kernel(plan.algorithm, call.dtype, op)
-        };
+        let kernel = all_reduce_kernel(
+            plan.algorithm,
+            call.dtype,
+            call.op.unwrap_or(ReduceOp::Sum),
+            self.group.same_device(),
+        );
         let cut = Cut::all_reduce(&self.layout, plan.algorithm, plan.zero_copy.is_some());
         for part in cut.chunks(bytes) {
             let at = part.offset as u64;

@@ -156,6 +156,7 @@ impl PeerComm {
             Algorithm::OneshotCopy,
             call.dtype,
             call.op.unwrap_or(comm_core::ReduceOp::Sum),
+            false,
         );
         for (k, part) in Cut::copies(&self.layout, bytes).chunks(bytes).enumerate() {
             let s = k % COPY_SLOTS;

@@ -76,73 +76,79 @@ pub(crate) struct PeerArgs {
     pub call: CallWords,
 }
 
-/// The name of an all-reduce kernel: `peer_<algorithm>_<dtype>_<op>` (made once: this runs
-/// on every call).
-pub(crate) fn all_reduce_kernel(algorithm: Algorithm, dtype: DType, op: ReduceOp) -> &'static str {
-    static NAMES: OnceLock<HashMap<(Algorithm, DType, ReduceOp), String>> = OnceLock::new();
+/// A reducing kernel, per dtype and op: an all-reduce of an algorithm, the one-shot push
+/// where every rank's region is one device's memory (each rank writes its own slot and
+/// reads its peers' instead of writing into every peer), or the reduce-scatter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Reducer {
+    AllReduce(Algorithm),
+    OneshotLocal,
+    ReduceScatter,
+}
+
+impl Reducer {
+    fn stem(self) -> &'static str {
+        match self {
+            Reducer::AllReduce(algorithm) => algorithm.kernel_stem(),
+            Reducer::OneshotLocal => "oneshot_local",
+            Reducer::ReduceScatter => "reduce_scatter",
+        }
+    }
+}
+
+/// The name of an all-reduce kernel, `peer_<algorithm>_<dtype>_<op>`; one-shot push where
+/// every rank's region is one device's memory (`same_device`,
+/// [`crate::PeerGroup::same_device`]) is `peer_oneshot_local_<dtype>_<op>`.
+pub(crate) fn all_reduce_kernel(
+    algorithm: Algorithm,
+    dtype: DType,
+    op: ReduceOp,
+    same_device: bool,
+) -> &'static str {
+    let reducer = match algorithm {
+        Algorithm::OneshotPush if same_device => Reducer::OneshotLocal,
+        _ => Reducer::AllReduce(algorithm),
+    };
+    reducing_kernel(reducer, dtype, op)
+}
+
+/// The name of a reduce-scatter kernel: `peer_reduce_scatter_<dtype>_<op>`.
+pub(crate) fn reduce_scatter_kernel(dtype: DType, op: ReduceOp) -> &'static str {
+    reducing_kernel(Reducer::ReduceScatter, dtype, op)
+}
+
+/// A reducing kernel's name (made once: this runs on every call).
+fn reducing_kernel(reducer: Reducer, dtype: DType, op: ReduceOp) -> &'static str {
+    static NAMES: OnceLock<HashMap<(Reducer, DType, ReduceOp), String>> = OnceLock::new();
     let names = NAMES.get_or_init(|| {
         every_reducing_kernel()
-            .filter_map(|(algorithm, dtype, op)| {
-                Some(((algorithm?, dtype, op), name(algorithm, dtype, op)))
-            })
+            .map(|(reducer, dtype, op)| ((reducer, dtype, op), name(reducer, dtype, op)))
             .collect()
     });
     names
-        .get(&(algorithm, dtype, op))
+        .get(&(reducer, dtype, op))
         .map_or(UNKNOWN, String::as_str)
-}
-
-/// The one-shot push kernel where every rank's region is one device's memory
-/// ([`crate::PeerGroup::same_device`]): `peer_oneshot_local_<dtype>_<op>`, in which each rank
-/// writes its own slot and reads its peers' instead of writing into every peer (made once).
-pub(crate) fn oneshot_local_kernel(dtype: DType, op: ReduceOp) -> &'static str {
-    static NAMES: OnceLock<HashMap<(DType, ReduceOp), String>> = OnceLock::new();
-    let names = NAMES.get_or_init(|| {
-        DTYPES
-            .into_iter()
-            .flat_map(|dtype| OPS.map(|op| ((dtype, op), local_name(dtype, op))))
-            .collect()
-    });
-    names.get(&(dtype, op)).map_or(UNKNOWN, String::as_str)
-}
-
-fn local_name(dtype: DType, op: ReduceOp) -> String {
-    format!("peer_oneshot_local_{}_{}", dtype.name(), op.name())
-}
-
-/// The name of a reduce-scatter kernel: `peer_reduce_scatter_<dtype>_<op>` (made once).
-pub(crate) fn reduce_scatter_kernel(dtype: DType, op: ReduceOp) -> &'static str {
-    static NAMES: OnceLock<HashMap<(DType, ReduceOp), String>> = OnceLock::new();
-    let names = NAMES.get_or_init(|| {
-        every_reducing_kernel()
-            .filter(|(algorithm, _, _)| algorithm.is_none())
-            .map(|(_, dtype, op)| ((dtype, op), name(None, dtype, op)))
-            .collect()
-    });
-    names.get(&(dtype, op)).map_or(UNKNOWN, String::as_str)
 }
 
 /// What a launch of a dtype or op the kernels lack looks up (and does not find).
 const UNKNOWN: &str = "peer_no_such_kernel";
 
-/// Every reducing kernel: an all-reduce per algorithm (`Some`) and a reduce-scatter
-/// (`None`) per dtype and op.
-fn every_reducing_kernel() -> impl Iterator<Item = (Option<Algorithm>, DType, ReduceOp)> {
+/// Every reducing kernel, per dtype and op.
+fn every_reducing_kernel() -> impl Iterator<Item = (Reducer, DType, ReduceOp)> {
     DTYPES.into_iter().flat_map(|dtype| {
         OPS.into_iter().flat_map(move |op| {
             Algorithm::ALL
-                .map(Some)
+                .map(Reducer::AllReduce)
                 .into_iter()
-                .chain([None])
-                .map(move |algorithm| (algorithm, dtype, op))
+                .chain([Reducer::OneshotLocal, Reducer::ReduceScatter])
+                .map(move |reducer| (reducer, dtype, op))
         })
     })
 }
 
-/// `peer_<algorithm>_<dtype>_<op>`, or `peer_reduce_scatter_<dtype>_<op>` for `None`.
-fn name(algorithm: Option<Algorithm>, dtype: DType, op: ReduceOp) -> String {
-    let stem = algorithm.map_or("reduce_scatter", Algorithm::kernel_stem);
-    format!("peer_{stem}_{}_{}", dtype.name(), op.name())
+/// `peer_<stem>_<dtype>_<op>`.
+fn name(reducer: Reducer, dtype: DType, op: ReduceOp) -> String {
+    format!("peer_{}_{}_{}", reducer.stem(), dtype.name(), op.name())
 }
 
 /// Most blocks per launch and work items per thread, unless configured: on device memory
@@ -198,12 +204,7 @@ fn every_kernel_name() -> Vec<String> {
     ]
     .map(String::from)
     .to_vec();
-    names.extend(every_reducing_kernel().map(|(algorithm, dtype, op)| name(algorithm, dtype, op)));
-    names.extend(
-        DTYPES
-            .into_iter()
-            .flat_map(|dtype| OPS.map(|op| local_name(dtype, op))),
-    );
+    names.extend(every_reducing_kernel().map(|(reducer, dtype, op)| name(reducer, dtype, op)));
     names
 }
 
@@ -485,8 +486,17 @@ mod tests {
     fn per_call_names_are_the_loaded_ones() {
         let loaded = every_kernel_name();
         assert_eq!(
-            all_reduce_kernel(Algorithm::OneshotPush, DType::BF16, ReduceOp::Sum),
+            all_reduce_kernel(Algorithm::OneshotPush, DType::BF16, ReduceOp::Sum, false),
             "peer_oneshot_push_bf16_sum"
+        );
+        // Ranks whose regions are all one device's memory write their own slots.
+        assert_eq!(
+            all_reduce_kernel(Algorithm::OneshotPush, DType::BF16, ReduceOp::Sum, true),
+            "peer_oneshot_local_bf16_sum"
+        );
+        assert_eq!(
+            all_reduce_kernel(Algorithm::OneshotPull, DType::BF16, ReduceOp::Sum, true),
+            "peer_oneshot_pull_bf16_sum"
         );
         assert_eq!(
             reduce_scatter_kernel(DType::F32, ReduceOp::Max),
@@ -495,15 +505,17 @@ mod tests {
         for dtype in DTYPES {
             for op in OPS {
                 for a in Algorithm::ALL {
-                    let n = all_reduce_kernel(a, dtype, op);
-                    assert!(loaded.iter().any(|l| l == n), "{n}");
+                    for same_device in [false, true] {
+                        let n = all_reduce_kernel(a, dtype, op, same_device);
+                        assert!(loaded.iter().any(|l| l == n), "{n}");
+                    }
                 }
                 let n = reduce_scatter_kernel(dtype, op);
                 assert!(loaded.iter().any(|l| l == n), "{n}");
             }
         }
         // A dtype the kernels lack names nothing that is loaded.
-        let missing = all_reduce_kernel(Algorithm::OneshotPull, DType::I32, ReduceOp::Sum);
+        let missing = all_reduce_kernel(Algorithm::OneshotPull, DType::I32, ReduceOp::Sum, false);
         assert!(!loaded.iter().any(|l| l == missing));
     }
 
