@@ -114,52 +114,45 @@ __device__ void peer_reduce_arrivals(const PeerArgs& a, const PeerCtx& c, Box bo
         [&](uint64_t v, uint4 r) { peer_store_user<DT>(a.output, v, a.count, aligned, r); });
 }
 
-// oneshot-push (Lamport): write the input into this rank's slot of every peer's mailbox;
-// then wait for every peer's slot of this rank's mailbox and reduce. No barrier. The calls
-// are compared with the wait for each thread's first vector (peer_poll_agreeing), which is
-// `first`, loaded already.
-template <int DT, int OP>
-__device__ void peer_oneshot_push(const PeerArgs& a, const PeerCtx& c, uint64_t nvec, uint4 first) {
-    const bool aligned = a.aligned != 0;
-    const uint64_t slot0 = a.off_push + (uint64_t)(c.seq % 3u) * a.world * a.lcap;
-    const uint64_t v0 = peer_tid();
-    const bool have = v0 < nvec;
-    const uint4 own0 = have ? peer_sanitize<DT>(first) : uint4{};
-    if (have) peer_push(a, c, slot0, a.lcap, v0, own0);
-    for (uint64_t v = v0 + peer_stride(); v < nvec; v += peer_stride())
-        peer_push(a, c, slot0, a.lcap, v, peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned)));
-    peer_trace_sent(a, c);
-    peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
-    const char* inbox = c.region[a.rank] + slot0;
-    peer_reduce_arrivals<DT, OP>(a, c, [inbox, &a](uint32_t p) { return inbox + p * a.lcap; }, nvec, have, own0);
-}
-
-// oneshot-local (Lamport, every rank's region in this one device's memory): write the input
-// into this rank's own slot of its own mailbox buffer; wait for every peer's own slot, in
-// the peer's region, and reduce. Push's exchange with a seventh of its stores at 8 ranks (no
-// copy into every peer), and no barrier: where all regions are one device's memory, reading
-// a peer's slot costs what reading one's own does. Peers read this rank's slot, so it is
-// reset (two calls later) only once this rank has seen every peer in its next call
-// (PEER_USED_OWN, peer_reset_old_mailboxes).
-template <int DT, int OP>
-__device__ void peer_oneshot_local(const PeerArgs& a, const PeerCtx& c, uint64_t nvec, uint4 first) {
+// One-shot Lamport exchange, no barrier. The calls are compared with the wait for each
+// thread's first vector (peer_poll_agreeing), which is `first`, loaded already.
+// - oneshot-push (LOCAL false): write the input into this rank's slot of every peer's
+//   mailbox; then wait for every peer's slot of this rank's mailbox and reduce.
+// - oneshot-local (LOCAL true, every rank's region in this one device's memory): write the
+//   input once, into this rank's own slot of its own mailbox buffer; wait for every peer's
+//   own slot, in the peer's region, and reduce. A seventh of push's stores at 8 ranks: where
+//   all regions are one device's memory, reading a peer's slot costs what reading one's own
+//   does. Peers read this rank's slot, so it is reset (two calls later) only once this rank
+//   has seen every peer in its next call (PEER_USED_OWN, peer_reset_old_mailboxes).
+template <int DT, int OP, bool LOCAL>
+__device__ void peer_oneshot_lamport(const PeerArgs& a, const PeerCtx& c, uint64_t nvec, uint4 first) {
     const bool aligned = a.aligned != 0;
     const uint64_t slot0 = a.off_push + (uint64_t)(c.seq % 3u) * a.world * a.lcap;
     uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + slot0 + a.rank * a.lcap);
+    const auto send = [&](uint64_t v, uint4 w) {
+        if constexpr (LOCAL) peer_st_volatile(mine + v, w);
+        else peer_push(a, c, slot0, a.lcap, v, w);
+    };
     const uint64_t v0 = peer_tid();
     const bool have = v0 < nvec;
     const uint4 own0 = have ? peer_sanitize<DT>(first) : uint4{};
-    if (have) peer_st_volatile(mine + v0, own0);
+    if (have) send(v0, own0);
     for (uint64_t v = v0 + peer_stride(); v < nvec; v += peer_stride())
-        peer_st_volatile(mine + v, peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned)));
-    // Every peer's slot, from a table in shared memory: computed where the waits use it, the
-    // addresses would hold registers through them (and spill).
-    __shared__ const char* s_slot[PEER_MAX_RANKS];
-    if (threadIdx.x < a.world) s_slot[threadIdx.x] = c.region[threadIdx.x] + slot0 + threadIdx.x * a.lcap;
+        send(v, peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned)));
     peer_trace_sent(a, c);
     peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
-    __syncthreads();
-    peer_reduce_arrivals<DT, OP>(a, c, [](uint32_t p) { return s_slot[p]; }, nvec, have, own0);
+    if constexpr (LOCAL) {
+        // Every peer's slot, from a table in shared memory: computed where the waits use
+        // it, the addresses would hold registers through them (and spill).
+        __shared__ const char* s_slot[PEER_MAX_RANKS];
+        if (threadIdx.x < a.world) s_slot[threadIdx.x] = c.region[threadIdx.x] + slot0 + threadIdx.x * a.lcap;
+        __syncthreads();
+        peer_reduce_arrivals<DT, OP>(a, c, [](uint32_t p) { return s_slot[p]; }, nvec, have, own0);
+    } else {
+        const char* inbox = c.region[a.rank] + slot0;
+        peer_reduce_arrivals<DT, OP>(a, c, [inbox, &a](uint32_t p) { return inbox + p * a.lcap; }, nvec, have,
+                                     own0);
+    }
 }
 
 // twoshot-push (Lamport): push slice s of the input into rank s's slice mailbox; reduce
@@ -259,8 +252,8 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(c
     const uint64_t S = (nvec + a.world - 1) / a.world;
     if constexpr (ALGO == PEER_ONESHOT_PULL) peer_oneshot_pull<DT, OP>(a, c, nvec, first);
     else if constexpr (ALGO == PEER_TWOSHOT_PULL) peer_twoshot_pull<DT, OP>(a, c, nvec);
-    else if constexpr (ALGO == PEER_ONESHOT_PUSH) peer_oneshot_push<DT, OP>(a, c, nvec, first);
-    else if constexpr (ALGO == PEER_ONESHOT_LOCAL) peer_oneshot_local<DT, OP>(a, c, nvec, first);
+    else if constexpr (ALGO == PEER_ONESHOT_PUSH) peer_oneshot_lamport<DT, OP, false>(a, c, nvec, first);
+    else if constexpr (ALGO == PEER_ONESHOT_LOCAL) peer_oneshot_lamport<DT, OP, true>(a, c, nvec, first);
     else peer_twoshot_push<DT, OP>(a, c, nvec);
     // Push kernels reset what peers wrote while their own data travels; what peers read
     // (a one-shot local buffer) waits until every peer is seen in this call.
