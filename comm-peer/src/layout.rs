@@ -146,6 +146,19 @@ mod tests {
     }
 
     #[test]
+    fn the_call_slots_follow_the_flags_and_channels_as_in_the_kernel_pad() {
+        // The host reads peers' call slots at CALLS_OFFSET (crate::progress): the kernel's
+        // PeerPad must hold the same fields in the same order, with no padding before calls.
+        let h = include_str!("../kernels/peer_sync.cuh");
+        assert!(h.contains(
+            "struct PeerPad {\n    uint32_t flags[2][PEER_MAX_BLOCKS][PEER_MAX_RANKS];\n    \
+             uint32_t chan[PEER_CHANNELS][PEER_MAX_RANKS];\n    PeerCall calls[2][PEER_MAX_RANKS];\n};"
+        ));
+        assert_eq!(CALLS_OFFSET % 8, 0);
+        assert_eq!(CALLS_OFFSET, (2 * 128 * 8 + 6 * 8) * 4);
+    }
+
+    #[test]
     fn constants_match_the_kernel_header() {
         let h = include_str!("../kernels/peer_sync.cuh");
         for (name, v) in [
