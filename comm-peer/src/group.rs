@@ -392,7 +392,7 @@ pub(crate) fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceBuffe
 /// Whether the kernels' flags may use `.gpu` scope: only when every rank drives the same
 /// device (`sharing == world`) and the regions are that device's memory. Host memory mapped
 /// into the device needs `.sys` scope whoever shares the device.
-fn gpu_scope(sharing: usize, world: usize, host_memory: bool) -> bool {
+pub(crate) fn gpu_scope(sharing: usize, world: usize, host_memory: bool) -> bool {
     sharing == world && !host_memory
 }
 
