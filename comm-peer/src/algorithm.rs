@@ -119,15 +119,10 @@ impl Algorithm {
             let auto = Algorithm::auto(memory.world, bytes);
             if memory.host && memory.sharing == 1 && bytes >= COPIES_FROM {
                 Algorithm::OneshotCopy
-            } else if memory.sharing > 1 {
-                if auto == Algorithm::OneshotPush
-                    && memory.one_device()
-                    && memory.world <= LOCAL_PUSH_MAX_WORLD
-                {
-                    auto
-                } else {
-                    auto.pull()
-                }
+            } else if memory.sharing > 1
+                && !(auto == Algorithm::OneshotPush && memory.pushes_one_shot())
+            {
+                auto.pull()
             } else {
                 auto
             }
@@ -154,11 +149,12 @@ impl Algorithm {
     }
 }
 
-/// The most ranks on one device whose default one-shot is push (each rank writes its data
-/// once, into its own slot, and reads its peers' there). Measured on one H200, 42 KB bf16 in
-/// graphs: 2 ranks 3.20 us against pull's 3.72, 4 ranks 4.04 against 4.35, but 8 ranks 5.56
-/// against 5.41 (and 11.65 against 9.16 at 256 KiB), where every rank waits longer for its
-/// peers' data than pull's barrier takes.
+/// The most ranks on one device whose default one-shot is push (the all-reduce: each rank
+/// writes its data once, into its own slot, and reads its peers' there). Measured on one
+/// H200, 42 KB bf16 in graphs: 2 ranks 3.20 us against pull's 3.72, 4 ranks 4.04 against
+/// 4.35, but 8 ranks 5.56 against 5.41 (and 11.65 against 9.16 at 256 KiB), where every rank
+/// waits longer for its peers' data than pull's barrier takes. The fused op at 8 ranks: pull
+/// 9.16 us, push 13.64 (3 x 7168 bf16).
 const LOCAL_PUSH_MAX_WORLD: usize = 4;
 
 /// What [`Algorithm::resolve`] needs to know of a communicator's memory.
@@ -175,9 +171,12 @@ pub(crate) struct Memory {
 }
 
 impl Memory {
-    /// Every rank's region is one device's memory (all ranks share one device).
-    fn one_device(&self) -> bool {
-        crate::group::gpu_scope(self.sharing, self.world, self.host)
+    /// Whether the automatic one-shot exchange (of the all-reduce and of the fused op) is
+    /// push: where every rank has its own device, or up to [`LOCAL_PUSH_MAX_WORLD`] ranks
+    /// share one device's memory. Other ranks that share a device pull.
+    pub(crate) fn pushes_one_shot(&self) -> bool {
+        let one_device = crate::group::gpu_scope(self.sharing, self.world, self.host);
+        self.sharing == 1 || (one_device && self.world <= LOCAL_PUSH_MAX_WORLD)
     }
 }
 
@@ -308,6 +307,13 @@ mod tests {
             ..on(2, 2, false)
         };
         assert_eq!(resolve(42 << 10, small_mailbox), Algorithm::OneshotPull);
+        // The fused op's automatic exchange follows the same rule.
+        assert!(on(2, 1, false).pushes_one_shot());
+        assert!(on(2, 1, true).pushes_one_shot());
+        assert!(on(4, 4, false).pushes_one_shot());
+        assert!(!on(8, 8, false).pushes_one_shot());
+        assert!(!on(4, 2, false).pushes_one_shot());
+        assert!(!on(2, 2, true).pushes_one_shot());
     }
 
     #[test]

@@ -240,16 +240,17 @@ impl PeerComm {
     /// more go by copies ([`Algorithm::OneshotCopy`]); not where ranks share a device, whose
     /// copies all meet in its copy engines and in CUDA graphs can wait on each other.
     pub fn algorithm_for(&self, bytes: usize) -> Algorithm {
-        Algorithm::resolve(
-            self.algorithm.get(),
-            bytes,
-            Memory {
-                world: self.group.world_size(),
-                host: self.group.host_memory(),
-                sharing: self.group.sharing(),
-                mailbox: self.layout.lcap,
-            },
-        )
+        Algorithm::resolve(self.algorithm.get(), bytes, self.memory())
+    }
+
+    /// What the automatic choices need to know of this communicator's memory.
+    pub(crate) fn memory(&self) -> Memory {
+        Memory {
+            world: self.group.world_size(),
+            host: self.group.host_memory(),
+            sharing: self.group.sharing(),
+            mailbox: self.layout.lcap,
+        }
     }
 
     /// Collective: allocates `bytes` of device memory that every rank can read, for

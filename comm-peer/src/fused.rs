@@ -12,7 +12,8 @@ impl PeerComm {
     /// bf16(residual + a)`, `out = bf16(residual * rsqrt(mean(residual^2) + eps) * weight)`,
     /// per row; exactly the unfused all-reduce followed by a fused add + RMSNorm. Lamport
     /// exchange (one-shot push) when the message fits the mailboxes and the algorithm is
-    /// automatic or `oneshot-push`, else one-shot pull. Needs `hidden` a multiple of 8 and
+    /// `oneshot-push`, or automatic where the all-reduce's one-shot would push (every rank on
+    /// a device of its own, or up to 4 ranks on one device's memory); else one-shot pull. Needs `hidden` a multiple of 8 and
     /// 16-byte aligned buffers on this rank's device and one stream.
     pub fn all_reduce_residual_rmsnorm(
         &self,
@@ -27,7 +28,10 @@ impl PeerComm {
         let hidden = weight.len();
         let bytes = input.bytes();
         let push = bytes <= self.layout.lcap
-            && matches!(self.algorithm.get(), None | Some(Algorithm::OneshotPush));
+            && match self.algorithm.get() {
+                None => self.memory().pushes_one_shot(),
+                Some(chosen) => chosen == Algorithm::OneshotPush,
+            };
         let locations = [
             input.location(),
             residual.location(),
