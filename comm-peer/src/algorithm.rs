@@ -92,8 +92,8 @@ impl Algorithm {
     /// KiB, 9.1 against 10.7 at 1 MiB; through host memory 9.8 against 12.7 at 8 KiB. A
     /// message larger than the mailboxes, or ranks that share a device (but for up to 4 on
     /// one device's memory), run the pull variant ([`PeerComm::algorithm_for`]), and so does
-    /// an input in a registered buffer
-    /// ([`PeerComm::alloc`]), which the pull variants read where it lies.
+    /// an input in a registered buffer ([`PeerComm::alloc`]), which the pull variants read
+    /// where it lies.
     ///
     /// [`PeerComm::algorithm_for`]: crate::PeerComm::algorithm_for
     /// [`PeerComm::alloc`]: crate::PeerComm::alloc

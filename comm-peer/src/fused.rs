@@ -13,8 +13,9 @@ impl PeerComm {
     /// per row; exactly the unfused all-reduce followed by a fused add + RMSNorm. Lamport
     /// exchange (one-shot push) when the message fits the mailboxes and the algorithm is
     /// `oneshot-push`, or automatic where the all-reduce's one-shot would push (every rank on
-    /// a device of its own, or up to 4 ranks on one device's memory); else one-shot pull. Needs `hidden` a multiple of 8 and
-    /// 16-byte aligned buffers on this rank's device and one stream.
+    /// a device of its own, or up to 4 ranks on one device's memory); else one-shot pull.
+    /// Needs `hidden` a multiple of 8 and 16-byte aligned buffers on this rank's device and
+    /// one stream.
     pub fn all_reduce_residual_rmsnorm(
         &self,
         input: BufferRef<'_>,
