@@ -394,8 +394,12 @@ template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
             for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x)
                 peer_push(a, c, slot0, a.lcap, row * rvec + j, peer_sanitize<COMM_BF16>(in[row * rvec + j]));
         peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
-        const char* inbox = c.region[a.rank] + slot0;
-        const auto box = [inbox, &a](uint32_t p) { return inbox + p * a.lcap; };
+        // The slots, from a table in shared memory: computed where the waits use them, the
+        // addresses would hold registers through the rows (and spill).
+        __shared__ const char* s_slot[PEER_MAX_RANKS];
+        if (threadIdx.x < a.world) s_slot[threadIdx.x] = c.region[a.rank] + slot0 + threadIdx.x * a.lcap;
+        __syncthreads();
+        const auto box = [](uint32_t p) { return s_slot[p]; };
         // The calls are compared with the wait for each thread's first vector (of the
         // block's first row), reduced at once (r0: four registers where the ranks' vectors
         // would hold 32 through the rows, and spill), which the row's first pass then takes.

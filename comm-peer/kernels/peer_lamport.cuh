@@ -3,6 +3,11 @@
 // (one vector, or batches of them with every load in flight), and reducing the ranks'
 // vectors in rank order in f32. Prepended (after peer_io.cuh and peer_sync.cuh, whose waits,
 // give-up and call checks it uses) to peer_collectives.cu by the crate.
+//
+// Loads in flight together: every round of polls issues all its loads before it looks at
+// any. A look right after its load waits for that load, so the next load would leave one
+// round trip later: with the looks interleaved (as ptxas keeps them around volatile loads),
+// one poll of 7 peers on one H200 took 1.54 us instead of one round trip.
 
 // Reloads the slots in `pending` (bit i: slot i, at slot(i)) until none holds the sentinel,
 // bounded. `peer_of(i)` names the rank slot i waits for; with `look_at_calls`, a wait that
@@ -16,12 +21,11 @@ __device__ __forceinline__ bool peer_settle(const PeerArgs& a, const PeerCtx& c,
     uint32_t spins = 0;
     while (true) {
 #pragma unroll
-        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
-            if (pending & (1u << i)) {
-                s[i] = peer_ld_volatile(slot(i));
-                if (!peer_has_sentinel<DT>(s[i])) pending &= ~(1u << i);
-            }
-        }
+        for (int i = 0; i < PEER_MAX_RANKS; ++i)
+            if (pending & (1u << i)) s[i] = peer_ld_volatile(slot(i));
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i)
+            if ((pending & (1u << i)) && !peer_has_sentinel<DT>(s[i])) pending &= ~(1u << i);
         if (!pending) return true;
         const uint32_t late = peer_of(__ffs(pending) - 1);
         if (look_at_calls && (spins & 255) == 128 && peer_look_at_call(a, c, late, peer_call_of(a, c, late)) < 0)
@@ -39,12 +43,14 @@ __device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, B
     const auto slot = [&](int p) { return reinterpret_cast<const uint4*>(box((uint32_t)p)) + v; };
     uint32_t pending = 0;
 #pragma unroll
+    for (int p = 0; p < PEER_MAX_RANKS; ++p)
+        if (p != (int)skip && p < (int)a.world) w[p] = peer_ld_volatile(slot(p));
+#pragma unroll
     for (int p = 0; p < PEER_MAX_RANKS; ++p) {
         if (p == (int)skip) {
             w[p] = own;  // this rank's own contribution (a compile-time index keeps w in registers)
-        } else if (p < (int)a.world) {
-            w[p] = peer_ld_volatile(slot(p));
-            if (peer_has_sentinel<DT>(w[p])) pending |= 1u << p;
+        } else if (p < (int)a.world && peer_has_sentinel<DT>(w[p])) {
+            pending |= 1u << p;
         }
     }
     peer_settle<DT>(a, c, w, pending, slot, [](int p) { return (uint32_t)p; }, true, phase);
@@ -143,12 +149,14 @@ __device__ bool peer_reduce_batches(const PeerArgs& a, const PeerCtx& c, Box box
             const uint64_t j = base + entry_of(i) * stride;
             if (entry_of(i) >= per || j >= end) continue;
             used |= 1u << i;
-            if (rank_of(i) == a.rank) {
-                s[i] = peer_sanitize<DT>(peer_load_user<DT>(a.input, user(j), a.count, aligned));
-            } else {
-                s[i] = peer_ld_volatile(slot(i));
-                if (peer_has_sentinel<DT>(s[i])) pending |= 1u << i;
-            }
+            s[i] = rank_of(i) == a.rank ? peer_load_user<DT>(a.input, user(j), a.count, aligned)
+                                        : peer_ld_volatile(slot(i));
+        }
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+            if (!(used & (1u << i))) continue;
+            if (rank_of(i) == a.rank) s[i] = peer_sanitize<DT>(s[i]);
+            else if (peer_has_sentinel<DT>(s[i])) pending |= 1u << i;
         }
         if (!peer_settle<DT>(a, c, s, pending, slot, [&](int i) { return rank_of(i); }, true, 0)) return false;
         // Another thread of the block may have given up (a timeout): then nothing is written.
@@ -180,8 +188,10 @@ __device__ bool peer_take_batches(const PeerArgs& a, const PeerCtx& c, const uin
             if (base + i * stride >= end) continue;
             used |= 1u << i;
             w[i] = peer_ld_volatile(slot(i));
-            if (peer_has_sentinel<DT>(w[i])) pending |= 1u << i;
         }
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i)
+            if ((used & (1u << i)) && peer_has_sentinel<DT>(w[i])) pending |= 1u << i;
         if (!peer_settle<DT>(a, c, w, pending, slot, [&](int) { return peer; }, false, 1)) return false;
         if (*c.dead) return false;
 #pragma unroll

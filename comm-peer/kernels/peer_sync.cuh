@@ -550,7 +550,9 @@ __device__ __forceinline__ void peer_reset_old_mailboxes(const PeerArgs& a, cons
     const uint64_t used_one = own ? 0 : one_used / 16;
     const uint64_t used_recv = c.used[PEER_MB_RECV * 3 + old] / 16;
     const uint64_t used_res = c.used[PEER_MB_RESULT * 3 + old] / 16;
-    for (uint32_t p = 0; p < a.world; ++p) {
+    // Skipped when empty: each turn reloads parameters even when it stores nothing (on one
+    // H200, sending to the first poll took 0.93 us at 8 ranks against 0.38 at 2).
+    for (uint32_t p = 0; (used_one | used_recv) != 0 && p < a.world; ++p) {
         // A push never sends into its own slot (its contribution comes from its input), so
         // that slot still holds the sentinel: resetting it would only cost writes, which
         // cross PCIe where the regions are host memory.
