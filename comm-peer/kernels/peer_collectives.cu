@@ -349,8 +349,10 @@ extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_broadcast(Pe
 // 16-byte aligned buffers): a = allreduce(x) rounded to bf16, residual' = bf16(residual +
 // a) (written back), out = bf16(residual' * rsqrt(mean(residual'^2) + eps) * weight):
 // exactly the unfused pipeline (all-reduce, then fused_add_rms_norm). Rows b, b + grid, ...
-// belong to block b on every rank; the exchange is oneshot-push or oneshot-pull. The row's
-// sum of squares is comm-core's block sum, which the examples' unfused add + RMSNorm uses too.
+// belong to block b on every rank; the exchange is oneshot-push, oneshot-pull, or - where
+// every rank's region is one device's memory - the one-shot local exchange (each rank writes
+// its own slot once and reads its peers', as peer_oneshot_lamport<LOCAL>). The row's sum of
+// squares is comm-core's block sum, which the examples' unfused add + RMSNorm uses too.
 #include "comm_reduce.cuh"
 
 // One row after the exchange: `reduced(j)` gives vector j of allreduce(x) (bf16 bits).
@@ -383,46 +385,62 @@ __device__ __forceinline__ void peer_norm_row(const PeerArgs& a, uint64_t row, u
     }
 }
 
+// The Lamport half of the fused op once this rank's rows are out: wait for every peer's
+// slot (slot p at box(p), as peer_poll) row by row, reduce, and normalise the rows. The calls
+// are compared with the wait for each thread's first vector (of the block's first row),
+// reduced at once (r0: four registers where the ranks' vectors would hold 32 through the
+// rows, and spill), which the row's first pass then takes.
+template <typename Box>
+__device__ __forceinline__ void peer_norm_arrivals(const PeerArgs& a, const PeerCtx& c, Box box, uint64_t rows,
+                                                   uint64_t rvec) {
+    const uint4* in = reinterpret_cast<const uint4*>(a.input);
+    const uint64_t row0 = blockIdx.x, j0 = threadIdx.x, v0 = row0 * rvec + j0;
+    const bool have = row0 < rows && j0 < rvec;
+    const uint4 own0 = have ? peer_sanitize<COMM_BF16>(in[v0]) : uint4{};
+    uint4 r0;
+    bool agreed;
+    {
+        uint4 w0[PEER_MAX_RANKS];
+        agreed = peer_poll_agreeing<COMM_BF16>(a, c, box, have, own0, v0, w0);
+        r0 = have ? peer_reduce<COMM_BF16, COMM_SUM>(a, w0) : uint4{};
+    }
+    for (uint64_t row = blockIdx.x; agreed && row < rows; row += gridDim.x) {
+        peer_norm_row(a, row, rvec, [&](uint64_t j) {
+            const uint64_t v = row * rvec + j;
+            if (v == v0 && have) return r0;
+            uint4 w[PEER_MAX_RANKS];
+            peer_poll<COMM_BF16>(a, c, box, a.rank, peer_sanitize<COMM_BF16>(in[v]), v, w, 0);
+            return peer_reduce<COMM_BF16, COMM_SUM>(a, w);
+        });
+        if (*c.dead) break;  // uniform: read after the block sum's barriers
+    }
+}
+
 template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
     PEER_PROLOGUE(a, c)
     peer_publish_call(a, c);
     const uint64_t rvec = a.hidden / 8, rows = a.count / a.hidden, nvec = rows * rvec;
     const uint4* in = reinterpret_cast<const uint4*>(a.input);
-    if constexpr (ALGO == PEER_ONESHOT_PUSH) {
+    constexpr bool lamport = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL;
+    if constexpr (lamport) {
         const uint64_t slot0 = a.off_push + (uint64_t)(c.seq % 3u) * a.world * a.lcap;
+        uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + slot0 + a.rank * a.lcap);
         for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x)
-            for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x)
-                peer_push(a, c, slot0, a.lcap, row * rvec + j, peer_sanitize<COMM_BF16>(in[row * rvec + j]));
-        peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
-        // The slots, from a table in shared memory: computed where the waits use them, the
-        // addresses would hold registers through the rows (and spill).
-        __shared__ const char* s_slot[PEER_MAX_RANKS];
-        if (threadIdx.x < a.world) s_slot[threadIdx.x] = c.region[a.rank] + slot0 + threadIdx.x * a.lcap;
-        __syncthreads();
-        const auto box = [](uint32_t p) { return s_slot[p]; };
-        // The calls are compared with the wait for each thread's first vector (of the
-        // block's first row), reduced at once (r0: four registers where the ranks' vectors
-        // would hold 32 through the rows, and spill), which the row's first pass then takes.
-        const uint64_t row0 = blockIdx.x, j0 = threadIdx.x, v0 = row0 * rvec + j0;
-        const bool have = row0 < rows && j0 < rvec;
-        const uint4 own0 = have ? peer_sanitize<COMM_BF16>(in[v0]) : uint4{};
-        uint4 r0;
-        bool agreed;
-        {
-            uint4 w0[PEER_MAX_RANKS];
-            agreed = peer_poll_agreeing<COMM_BF16>(a, c, box, have, own0, v0, w0);
-            r0 = have ? peer_reduce<COMM_BF16, COMM_SUM>(a, w0) : uint4{};
-        }
-        for (uint64_t row = blockIdx.x; agreed && row < rows; row += gridDim.x) {
-            peer_norm_row(a, row, rvec, [&](uint64_t j) {
+            for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x) {
                 const uint64_t v = row * rvec + j;
-                if (v == v0 && have) return r0;
-                uint4 w[PEER_MAX_RANKS];
-                peer_poll<COMM_BF16>(a, c, box, a.rank, peer_sanitize<COMM_BF16>(in[v]), v, w, 0);
-                return peer_reduce<COMM_BF16, COMM_SUM>(a, w);
-            });
-            if (*c.dead) break;  // uniform: read after the block sum's barriers
-        }
+                const uint4 w = peer_sanitize<COMM_BF16>(in[v]);
+                if constexpr (ALGO == PEER_ONESHOT_LOCAL) peer_st_volatile(mine + v, w);
+                else peer_push(a, c, slot0, a.lcap, v, w);
+            }
+        peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
+        // The slots, from a table in shared memory (computed where the waits use them, the
+        // addresses would hold registers through the rows, and spill): every peer's own slot
+        // (local), or this rank's mailbox slot of each peer (push).
+        __shared__ const char* s_slot[PEER_MAX_RANKS];
+        const uint32_t t = threadIdx.x;
+        if (t < a.world) s_slot[t] = c.region[ALGO == PEER_ONESHOT_LOCAL ? t : a.rank] + slot0 + t * a.lcap;
+        __syncthreads();
+        peer_norm_arrivals(a, c, [](uint32_t p) { return s_slot[p]; }, rows, rvec);
     } else {
         const uint64_t half = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
         uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + half);
@@ -435,12 +453,15 @@ template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
                 });
         }
     }
-    peer_epilogue(a, c, ALGO == PEER_ONESHOT_PUSH ? nvec * 16 : 0, 0, 0,
-                  ALGO == PEER_ONESHOT_PUSH ? PEER_RESET_OWN : PEER_RESET_ALL);
+    const uint64_t used = !lamport ? 0 : nvec * 16 | (ALGO == PEER_ONESHOT_LOCAL ? PEER_USED_OWN : 0);
+    peer_epilogue(a, c, used, 0, 0, lamport ? PEER_RESET_OWN : PEER_RESET_ALL);
 }
 
 extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_fused_rmsnorm_push(PeerArgs a) {
     peer_fused_rmsnorm<PEER_ONESHOT_PUSH>(a);
+}
+extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_fused_rmsnorm_local(PeerArgs a) {
+    peer_fused_rmsnorm<PEER_ONESHOT_LOCAL>(a);
 }
 extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_fused_rmsnorm_pull(PeerArgs a) {
     peer_fused_rmsnorm<PEER_ONESHOT_PULL>(a);

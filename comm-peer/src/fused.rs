@@ -4,14 +4,15 @@ use comm_core::{BufferMut, BufferRef, CallDescriptor, DType, Error, ReduceOp, Re
 
 use crate::algorithm::Algorithm;
 use crate::comm::PeerComm;
-use crate::kernels::PeerArgs;
+use crate::kernels::{PeerArgs, fused_rmsnorm_kernel};
 
 impl PeerComm {
     /// The fused `all_reduce + residual add + RMSNorm` (bf16, rows of `weight.len()`):
     /// `a = allreduce_sum(input)` (f32 accumulation, rounded to bf16), `residual =
     /// bf16(residual + a)`, `out = bf16(residual * rsqrt(mean(residual^2) + eps) * weight)`,
     /// per row; exactly the unfused all-reduce followed by a fused add + RMSNorm. Lamport
-    /// exchange (one-shot push) when the message fits the mailboxes and the algorithm is
+    /// exchange (one-shot push; where every rank's region is one device's memory, each rank
+    /// writes only its own slot) when the message fits the mailboxes and the algorithm is
     /// `oneshot-push`, or automatic where the all-reduce's one-shot would push (every rank on
     /// a device of its own, or up to 4 ranks on one device's memory); else one-shot pull.
     /// Needs `hidden` a multiple of 8 and 16-byte aligned buffers on this rank's device and
@@ -114,11 +115,7 @@ impl PeerComm {
             .next_multiple_of(32)
             .clamp(32, self.config.threads as usize) as u32;
         let blocks = rows.clamp(1, self.max_blocks as usize) as u32;
-        let kernel = if push {
-            "peer_fused_rmsnorm_push"
-        } else {
-            "peer_fused_rmsnorm_pull"
-        };
+        let kernel = fused_rmsnorm_kernel(push, self.group.same_device());
         self.group
             .launch(kernel, (blocks, threads), agreed.stream, &args)
     }

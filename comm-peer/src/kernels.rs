@@ -112,6 +112,17 @@ pub(crate) fn all_reduce_kernel(
     reducing_kernel(reducer, dtype, op)
 }
 
+/// The fused all-reduce + RMSNorm's kernel: its Lamport exchange (`push`) writes only this
+/// rank's own slot where every rank's region is one device's memory, as the all-reduce's
+/// one-shot push does ([`all_reduce_kernel`]).
+pub(crate) fn fused_rmsnorm_kernel(push: bool, same_device: bool) -> &'static str {
+    match (push, same_device) {
+        (true, true) => "peer_fused_rmsnorm_local",
+        (true, false) => "peer_fused_rmsnorm_push",
+        (false, _) => "peer_fused_rmsnorm_pull",
+    }
+}
+
 /// The name of a reduce-scatter kernel: `peer_reduce_scatter_<dtype>_<op>`.
 pub(crate) fn reduce_scatter_kernel(dtype: DType, op: ReduceOp) -> &'static str {
     reducing_kernel(Reducer::ReduceScatter, dtype, op)
@@ -196,6 +207,7 @@ fn every_kernel_name() -> Vec<String> {
         "peer_all_gather",
         "peer_broadcast",
         "peer_fused_rmsnorm_push",
+        "peer_fused_rmsnorm_local",
         "peer_fused_rmsnorm_pull",
         "peer_barrier_kernel",
         "peer_put_signal_kernel",
@@ -471,9 +483,9 @@ mod tests {
     #[test]
     fn every_loaded_name_is_a_kernel_of_the_source() {
         let names = every_kernel_name();
-        // 8 kernels by name, and per dtype (3) and op (4): 5 all-reduces, the one-shot local
+        // 9 kernels by name, and per dtype (3) and op (4): 5 all-reduces, the one-shot local
         // all-reduce, 1 reduce-scatter.
-        assert_eq!(names.len(), 8 + 3 * 4 * 7);
+        assert_eq!(names.len(), 9 + 3 * 4 * 7);
         for n in names
             .iter()
             .filter(|n| !n.contains("_f32_") && !n.contains("_f16_") && !n.contains("_bf16_"))
@@ -514,6 +526,15 @@ mod tests {
                 assert!(loaded.iter().any(|l| l == n), "{n}");
             }
         }
+        assert_eq!(fused_rmsnorm_kernel(true, false), "peer_fused_rmsnorm_push");
+        assert_eq!(fused_rmsnorm_kernel(true, true), "peer_fused_rmsnorm_local");
+        assert_eq!(fused_rmsnorm_kernel(false, true), "peer_fused_rmsnorm_pull");
+        for push in [false, true] {
+            for same_device in [false, true] {
+                let n = fused_rmsnorm_kernel(push, same_device);
+                assert!(loaded.iter().any(|l| l == n), "{n}");
+            }
+        }
         // A dtype the kernels lack names nothing that is loaded.
         let missing = all_reduce_kernel(Algorithm::OneshotPull, DType::I32, ReduceOp::Sum, false);
         assert!(!loaded.iter().any(|l| l == missing));
@@ -542,6 +563,7 @@ mod tests {
             "peer_all_gather(",
             "peer_broadcast(",
             "peer_fused_rmsnorm_push(",
+            "peer_fused_rmsnorm_local(",
             "peer_fused_rmsnorm_pull(",
             "peer_barrier_kernel(",
             "peer_put_signal_kernel(",
