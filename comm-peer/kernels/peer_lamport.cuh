@@ -42,15 +42,29 @@ __device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, B
                                           uint64_t v, uint4* w, uint32_t phase) {
     const auto slot = [&](int p) { return reinterpret_cast<const uint4*>(box((uint32_t)p)) + v; };
     uint32_t pending = 0;
+    if (a.world <= 2) {
+        // One peer: nothing to overlap, and the look beside its load costs the fewest
+        // instructions (the loop below issues every slot's code, predicated off).
 #pragma unroll
-    for (int p = 0; p < PEER_MAX_RANKS; ++p)
-        if (p != (int)skip && p < (int)a.world) w[p] = peer_ld_volatile(slot(p));
+        for (int p = 0; p < 2; ++p) {
+            if (p == (int)skip) {
+                w[p] = own;
+            } else if (p < (int)a.world) {
+                w[p] = peer_ld_volatile(slot(p));
+                if (peer_has_sentinel<DT>(w[p])) pending |= 1u << p;
+            }
+        }
+    } else {
 #pragma unroll
-    for (int p = 0; p < PEER_MAX_RANKS; ++p) {
-        if (p == (int)skip) {
-            w[p] = own;  // this rank's own contribution (a compile-time index keeps w in registers)
-        } else if (p < (int)a.world && peer_has_sentinel<DT>(w[p])) {
-            pending |= 1u << p;
+        for (int p = 0; p < PEER_MAX_RANKS; ++p)
+            if (p != (int)skip && p < (int)a.world) w[p] = peer_ld_volatile(slot(p));
+#pragma unroll
+        for (int p = 0; p < PEER_MAX_RANKS; ++p) {
+            if (p == (int)skip) {
+                w[p] = own;  // this rank's own contribution (a compile-time index keeps w in registers)
+            } else if (p < (int)a.world && peer_has_sentinel<DT>(w[p])) {
+                pending |= 1u << p;
+            }
         }
     }
     peer_settle<DT>(a, c, w, pending, slot, [](int p) { return (uint32_t)p; }, true, phase);
