@@ -90,8 +90,8 @@ impl Algorithm {
     /// in graphs). Push (Lamport: no barrier, the data is its own flag) at every size, since it
     /// was measured faster than pull wherever both run: over NVLink 4.2 against 5.7 us at 32
     /// KiB, 9.1 against 10.7 at 1 MiB; through host memory 9.8 against 12.7 at 8 KiB. A
-    /// message larger than the mailboxes, or ranks that share a device (but for up to 4 on
-    /// one device's memory), run the pull variant ([`PeerComm::algorithm_for`]), and so does
+    /// message larger than the mailboxes, or ranks that share a device (but for ranks that
+    /// all share one device's memory, at one-shot sizes), run the pull variant ([`PeerComm::algorithm_for`]), and so does
     /// an input in a registered buffer ([`PeerComm::alloc`]), which the pull variants read
     /// where it lies.
     ///
@@ -149,14 +149,6 @@ impl Algorithm {
     }
 }
 
-/// The most ranks on one device whose default one-shot is push (the all-reduce: each rank
-/// writes its data once, into its own slot, and reads its peers' there). Measured on one
-/// H200, 42 KB bf16 in graphs: 2 ranks 3.20 us against pull's 3.72, 4 ranks 4.04 against
-/// 4.35, but 8 ranks 5.56 against 5.41 (and 11.65 against 9.16 at 256 KiB), where every rank
-/// waits longer for its peers' data than pull's barrier takes. The fused op at 8 ranks: pull
-/// 9.16 us, push 13.64 (3 x 7168 bf16).
-const LOCAL_PUSH_MAX_WORLD: usize = 4;
-
 /// What [`Algorithm::resolve`] needs to know of a communicator's memory.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Memory {
@@ -171,12 +163,22 @@ pub(crate) struct Memory {
 }
 
 impl Memory {
-    /// Whether the automatic one-shot exchange (of the all-reduce and of the fused op) is
-    /// push: where every rank has its own device, or up to [`LOCAL_PUSH_MAX_WORLD`] ranks
-    /// share one device's memory. Other ranks that share a device pull.
+    /// Whether the all-reduce's automatic one-shot is push: where every rank has its own
+    /// device, or every rank's region is one device's memory (each rank writes its data
+    /// once, into its own slot, and reads its peers' there). Other ranks that share a device
+    /// pull. One H200, 8 ranks, graphs per rank, push against pull: 3.45 / 4.18 us at 8 B,
+    /// 4.32 / 4.61 at 42 KB, 4.43 / 4.68 at 64 KiB, 6.18 / 6.56 at 128 KiB (the largest
+    /// one-shot size at 8 ranks); 2 ranks 3.01 / 3.53 at 42 KB.
     pub(crate) fn pushes_one_shot(&self) -> bool {
-        let one_device = crate::group::gpu_scope(self.sharing, self.world, self.host);
-        self.sharing == 1 || (one_device && self.world <= LOCAL_PUSH_MAX_WORLD)
+        self.sharing == 1 || crate::group::gpu_scope(self.sharing, self.world, self.host)
+    }
+
+    /// Whether the fused op's automatic exchange is push: only where every rank has its own
+    /// device. Ranks on one H200, 3 x 7168 bf16 in one graph for all ranks, push (each rank's
+    /// own slot) against pull: 4 ranks 8.32 / 7.72 us, 8 ranks 9.52 / 8.56 (2 ranks not
+    /// measured).
+    pub(crate) fn fused_pushes(&self) -> bool {
+        self.sharing == 1
     }
 }
 
@@ -281,7 +283,7 @@ mod tests {
     }
 
     #[test]
-    fn ranks_on_one_device_push_one_shot_up_to_four_ranks_and_pull_otherwise() {
+    fn ranks_on_one_device_push_one_shot_and_other_sharing_ranks_pull() {
         let on = |world, sharing, host| Memory {
             world,
             host,
@@ -289,14 +291,13 @@ mod tests {
             mailbox: 8 * MIB,
         };
         let resolve = |bytes, m| Algorithm::resolve(None, bytes, m);
-        for world in [2, 4] {
+        for world in [2, 4, 8] {
             let one_device = on(world, world, false);
             assert_eq!(resolve(42 << 10, one_device), Algorithm::OneshotPush);
             assert_eq!(resolve(8, one_device), Algorithm::OneshotPush);
             // Two-shot sizes: pull (the local kernel is one-shot only).
             assert_eq!(resolve(4 * MIB, one_device), Algorithm::TwoshotPull);
         }
-        assert_eq!(resolve(42 << 10, on(8, 8, false)), Algorithm::OneshotPull);
         // Some ranks share a device, but not all one: the regions are not one memory.
         assert_eq!(resolve(42 << 10, on(4, 2, false)), Algorithm::OneshotPull);
         // One device's ranks over host memory: pull.
@@ -307,13 +308,13 @@ mod tests {
             ..on(2, 2, false)
         };
         assert_eq!(resolve(42 << 10, small_mailbox), Algorithm::OneshotPull);
-        // The fused op's automatic exchange follows the same rule.
-        assert!(on(2, 1, false).pushes_one_shot());
-        assert!(on(2, 1, true).pushes_one_shot());
-        assert!(on(4, 4, false).pushes_one_shot());
-        assert!(!on(8, 8, false).pushes_one_shot());
-        assert!(!on(4, 2, false).pushes_one_shot());
-        assert!(!on(2, 2, true).pushes_one_shot());
+        // The fused op's automatic exchange pushes only where every rank has its device.
+        assert!(on(2, 1, false).fused_pushes());
+        assert!(on(2, 1, true).fused_pushes());
+        for sharing in [(2, 2), (4, 4), (8, 8), (4, 2)] {
+            assert!(!on(sharing.0, sharing.1, false).fused_pushes());
+        }
+        assert!(!on(2, 2, true).fused_pushes());
     }
 
     #[test]

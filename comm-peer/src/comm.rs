@@ -232,10 +232,9 @@ impl PeerComm {
     /// mailboxes.
     ///
     /// The automatic choice is [`Algorithm::auto`], with two exceptions. Ranks that share a
-    /// device run its pull variant, except up to 4 ranks that all share one device's memory,
-    /// whose one-shot push writes each rank's data once, into its own slot (2 ranks on one
-    /// H200, 42 KB in graphs: push 3.20 us, pull 3.72; at 8 ranks pull is faster, 5.41
-    /// against 5.56). And where the regions are host memory and every rank has a device of
+    /// device run its pull variant, except ranks that all share one device's memory, whose
+    /// one-shot push writes each rank's data once, into its own slot (one H200, 42 KB in
+    /// graphs: 2 ranks push 3.01 us, pull 3.53; 8 ranks 4.32 against 4.61). And where the regions are host memory and every rank has a device of
     /// its own, messages of [`COPIES_FROM`] bytes and more go by copies
     /// ([`Algorithm::OneshotCopy`]); not where ranks share a device, whose copies all meet in
     /// its copy engines and in CUDA graphs can wait on each other.
