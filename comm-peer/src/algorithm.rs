@@ -91,9 +91,9 @@ impl Algorithm {
     /// was measured faster than pull wherever both run: over NVLink 4.2 against 5.7 us at 32
     /// KiB, 9.1 against 10.7 at 1 MiB; through host memory 9.8 against 12.7 at 8 KiB. A
     /// message larger than the mailboxes, or ranks that share a device (but for ranks that
-    /// all share one device's memory, at one-shot sizes), run the pull variant ([`PeerComm::algorithm_for`]), and so does
-    /// an input in a registered buffer ([`PeerComm::alloc`]), which the pull variants read
-    /// where it lies.
+    /// all share one device's memory, at one-shot sizes), run the pull variant
+    /// ([`PeerComm::algorithm_for`]), and so does an input in a registered buffer
+    /// ([`PeerComm::alloc`]), which the pull variants read where it lies.
     ///
     /// [`PeerComm::algorithm_for`]: crate::PeerComm::algorithm_for
     /// [`PeerComm::alloc`]: crate::PeerComm::alloc
@@ -119,8 +119,7 @@ impl Algorithm {
             let auto = Algorithm::auto(memory.world, bytes);
             if memory.host && memory.sharing == 1 && bytes >= COPIES_FROM {
                 Algorithm::OneshotCopy
-            } else if memory.sharing > 1
-                && !(auto == Algorithm::OneshotPush && memory.pushes_one_shot())
+            } else if memory.sharing > 1 && !(auto == Algorithm::OneshotPush && memory.one_device())
             {
                 auto.pull()
             } else {
@@ -163,14 +162,14 @@ pub(crate) struct Memory {
 }
 
 impl Memory {
-    /// Whether the all-reduce's automatic one-shot is push: where every rank has its own
-    /// device, or every rank's region is one device's memory (each rank writes its data
-    /// once, into its own slot, and reads its peers' there). Other ranks that share a device
-    /// pull. One H200, 8 ranks, graphs per rank, push against pull: 3.45 / 4.18 us at 8 B,
-    /// 4.32 / 4.61 at 42 KB, 4.43 / 4.68 at 64 KiB, 6.18 / 6.56 at 128 KiB (the largest
-    /// one-shot size at 8 ranks); 2 ranks 3.01 / 3.53 at 42 KB.
-    pub(crate) fn pushes_one_shot(&self) -> bool {
-        self.sharing == 1 || crate::group::gpu_scope(self.sharing, self.world, self.host)
+    /// Whether every rank's region is one device's memory. Of ranks that share a device,
+    /// only these run the all-reduce's one-shot push by default (each rank writes its data
+    /// once, into its own slot, and reads its peers' there). One H200, 8 ranks, graphs per
+    /// rank, push against pull: 3.45 / 4.18 us at 8 B, 4.32 / 4.61 at 42 KB, 4.43 / 4.68 at
+    /// 64 KiB, 6.18 / 6.56 at 128 KiB (the largest one-shot size at 8 ranks); 2 ranks 3.01 /
+    /// 3.53 at 42 KB.
+    pub(crate) fn one_device(&self) -> bool {
+        crate::group::gpu_scope(self.sharing, self.world, self.host)
     }
 
     /// Whether the fused op's automatic exchange is push: only where every rank has its own

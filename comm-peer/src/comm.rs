@@ -234,10 +234,11 @@ impl PeerComm {
     /// The automatic choice is [`Algorithm::auto`], with two exceptions. Ranks that share a
     /// device run its pull variant, except ranks that all share one device's memory, whose
     /// one-shot push writes each rank's data once, into its own slot (one H200, 42 KB in
-    /// graphs: 2 ranks push 3.01 us, pull 3.53; 8 ranks 4.32 against 4.61). And where the regions are host memory and every rank has a device of
-    /// its own, messages of [`COPIES_FROM`] bytes and more go by copies
-    /// ([`Algorithm::OneshotCopy`]); not where ranks share a device, whose copies all meet in
-    /// its copy engines and in CUDA graphs can wait on each other.
+    /// graphs: 2 ranks push 3.01 us, pull 3.53; 8 ranks 4.32 against 4.61). And where the
+    /// regions are host memory and every rank has a device of its own, messages of
+    /// [`COPIES_FROM`] bytes and more go by copies ([`Algorithm::OneshotCopy`]); not where
+    /// ranks share a device, whose copies all meet in its copy engines and in CUDA graphs
+    /// can wait on each other.
     pub fn algorithm_for(&self, bytes: usize) -> Algorithm {
         Algorithm::resolve(self.algorithm.get(), bytes, self.memory())
     }

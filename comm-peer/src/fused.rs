@@ -14,10 +14,8 @@ impl PeerComm {
     /// exchange (one-shot push; where every rank's region is one device's memory, each rank
     /// writes only its own slot) when the message fits the mailboxes and the algorithm is
     /// `oneshot-push`, or automatic where every rank has a device of its own; else one-shot
-    /// pull (ranks on one H200 pulled faster: 7.72 against 8.32 us at 4 ranks, 8.56 against
-    /// 9.52 at 8, 3 x 7168 bf16).
-    /// Needs `hidden` a multiple of 8 and 16-byte aligned buffers on this rank's device and
-    /// one stream.
+    /// pull (ranks sharing a device pulled faster). Needs `hidden` a multiple of 8 and
+    /// 16-byte aligned buffers on this rank's device and one stream.
     pub fn all_reduce_residual_rmsnorm(
         &self,
         input: BufferRef<'_>,
