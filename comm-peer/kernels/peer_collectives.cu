@@ -50,50 +50,69 @@ __device__ void peer_oneshot_pull(const PeerArgs& a, const PeerCtx& c, uint64_t 
     if (zc) peer_barrier(a, c, 1);
 }
 
-// twoshot-pull: (eager) copy; barrier; reduce-scatter (rank r reduces slice r from every
-// rank, into its tmp); barrier; all-gather (every rank copies slice s from rank s's tmp).
-// Inputs are read before the second barrier only, so zero-copy needs no third barrier
-// (and in place is safe).
+// twoshot-pull. Staged: rank r writes slice s of its input into rank s's data buffer of
+// this call's parity (sender slot peer_slot(r, s), world - 1 slots of S vectors, which the
+// launch's cut keeps within a staging half) and keeps its own slice where it lies;
+// barrier; rank r reduces slice r from its input and the slots (rank order), into its
+// output and its tmp; barrier; every rank copies slice s from rank s's tmp. So no rank
+// copies its own input first, the reduce-scatter's slices cross the links as stores, and
+// only the all-gather reads a peer. Peers' stores land before the call is agreed, but only
+// in the staging half of this call's parity, which no rank reads before the agreeing
+// barrier. Zero-copy: rank r reads slice r from every rank's registered input where it
+// lies. Inputs are read before the second barrier only, so zero-copy needs no third barrier
+// (and in place is safe: rank r writes output slice r after reading input slice r, the
+// other slices after the second barrier).
+__device__ __forceinline__ uint32_t peer_slot(uint32_t sender, uint32_t owner) {
+    return sender < owner ? sender : sender - 1u;
+}
+
 template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, const PeerCtx& c, uint64_t nvec) {
     const bool zc = c.input[0] != nullptr;
     const uint64_t dbuf = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
     const bool aligned = a.aligned != 0;
     const uint64_t S = (nvec + a.world - 1) / a.world;
     const uint32_t me = a.rank;
+    const auto slice_len = [&](uint32_t s) -> uint64_t {
+        const uint64_t first = s * S;
+        return first >= nvec ? 0 : (nvec - first < S ? nvec - first : S);
+    };
     if (!zc) {
-        uint4* mine = reinterpret_cast<uint4*>(c.region[me] + dbuf);
-        for (uint32_t s = 0; s < a.world; ++s) {
-            const uint64_t first = s * S;
-            const uint64_t n = first >= nvec ? 0 : (nvec - first < S ? nvec - first : S);
+        for (uint32_t k = 1; k < a.world; ++k) {
+            // Every rank starts with the next rank's slice, so that no rank gets every
+            // peer's stores at once.
+            const uint32_t s = (me + k) % a.world;
+            uint4* dst = reinterpret_cast<uint4*>(c.region[s] + dbuf) + peer_slot(me, s) * S;
             peer_copy(
-                n, [&](uint64_t i) { return peer_load_user<DT>(a.input, first + i, a.count, aligned); },
-                [&](uint64_t i, uint4 w) { mine[first + i] = w; });
+                slice_len(s), [&](uint64_t i) { return peer_load_user<DT>(a.input, s * S + i, a.count, aligned); },
+                [&](uint64_t i, uint4 w) { dst[i] = w; });
         }
     }
     if (!peer_agreeing_barrier(a, c)) return;
     uint4* tmp = reinterpret_cast<uint4*>(c.region[me] + a.off_tmp);
-    for (uint64_t i = peer_tid(); i < S && me * S + i < nvec; i += peer_stride()) {
+    const uint4* staged = reinterpret_cast<const uint4*>(c.region[me] + dbuf);
+    for (uint64_t i = peer_tid(); i < slice_len(me); i += peer_stride()) {
         const uint64_t v = me * S + i;
         uint4 w[PEER_MAX_RANKS];
 #pragma unroll
         for (int p = 0; p < PEER_MAX_RANKS; ++p) {
             if (p < (int)a.world) {
-                w[p] = zc ? peer_load_user<DT>(c.input[p], v, a.count, aligned)
-                          : peer_ld_cg(reinterpret_cast<const uint4*>(c.region[p] + dbuf) + v);
+                w[p] = zc                ? peer_load_user<DT>(c.input[p], v, a.count, aligned)
+                       : p == (int)me ? peer_load_user<DT>(a.input, v, a.count, aligned)
+                                         : peer_ld_cg(staged + peer_slot(p, me) * S + i);
             }
         }
-        tmp[i] = peer_reduce<DT, OP>(a, w);
+        const uint4 r = peer_reduce<DT, OP>(a, w);
+        tmp[i] = r;
+        peer_store_user<DT>(a.output, v, a.count, aligned, r);
     }
     if (!peer_barrier(a, c, 1)) return;
-    for (uint32_t k = 0; k < a.world; ++k) {
+    for (uint32_t k = 1; k < a.world; ++k) {
         // Start with the next rank's slice, so that the ranks do not all read rank 0 first.
         const uint32_t s = (me + k) % a.world;
         const uint4* src = reinterpret_cast<const uint4*>(c.region[s] + a.off_tmp);
-        const uint64_t first = s * S;
-        const uint64_t n = first >= nvec ? 0 : (nvec - first < S ? nvec - first : S);
         peer_copy(
-            n, [&](uint64_t i) { return peer_ld_cg(src + i); },
-            [&](uint64_t i, uint4 w) { peer_store_user<DT>(a.output, first + i, a.count, aligned, w); });
+            slice_len(s), [&](uint64_t i) { return peer_ld_cg(src + i); },
+            [&](uint64_t i, uint4 w) { peer_store_user<DT>(a.output, s * S + i, a.count, aligned, w); });
     }
 }
 

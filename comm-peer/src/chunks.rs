@@ -34,6 +34,19 @@ pub(crate) fn copy_slot(layout: &Layout) -> usize {
     (2 * layout.cap / COPY_SLOTS).min(MAX_COPY_SLOT) & !15
 }
 
+/// Most bytes of a staged two-shot pull launch: each rank receives `world - 1` slices of
+/// `ceil(vectors / world)` vectors in one staging half of `cap / 16` vectors. That holds
+/// for a whole half unless the half is tiny against `world`; then the part is cut to
+/// `world` equal slices that fit.
+fn staged_twoshot_limit(layout: &Layout) -> usize {
+    let (half, world) = (layout.cap / 16, layout.world.max(1));
+    if (world - 1) * half.div_ceil(world) <= half {
+        half * 16
+    } else {
+        half / world * world * 16
+    }
+}
+
 /// One launch's part of a call: bytes `offset .. offset + bytes` of every rank's message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Chunk {
@@ -54,14 +67,17 @@ pub(crate) struct Cut {
 }
 
 impl Cut {
-    /// An all-reduce by `algorithm`. Staged pull copies the part into a staging half;
-    /// push writes it into Lamport slots (`lcap`; the two-shot slices fit `slice_cap`
-    /// then). Zero-copy pull stages nothing: one-shot reads the peers' buffers in place,
-    /// and two-shot holds only this rank's reduced slice, `1 / world` of the part.
+    /// An all-reduce by `algorithm`. Staged one-shot pull copies the part into a staging
+    /// half; staged two-shot pull writes each peer's slice into that peer's staging half
+    /// (`world - 1` slices, see [`staged_twoshot_limit`]); push writes it into Lamport slots
+    /// (`lcap`; the two-shot slices fit `slice_cap` then). Zero-copy pull stages nothing:
+    /// one-shot reads the peers' buffers in place, and two-shot holds only this rank's
+    /// reduced slice, `1 / world` of the part.
     pub(crate) fn all_reduce(layout: &Layout, algorithm: Algorithm, zero_copy: bool) -> Cut {
         let limit = match (algorithm, zero_copy) {
             (Algorithm::OneshotPush | Algorithm::TwoshotPush, _) => layout.lcap,
-            (Algorithm::OneshotPull | Algorithm::TwoshotPull, false) => layout.cap,
+            (Algorithm::OneshotPull, false) => layout.cap,
+            (Algorithm::TwoshotPull, false) => staged_twoshot_limit(layout),
             (Algorithm::TwoshotPull, true) => layout.cap * layout.world,
             (Algorithm::OneshotPull, true) => WHOLE,
             (Algorithm::OneshotCopy, _) => copy_slot(layout),
@@ -202,8 +218,11 @@ mod tests {
                                 let nvec = vectors(c.bytes);
                                 let slice = nvec.div_ceil(layout.world);
                                 match (algorithm, zero_copy) {
-                                    (Algorithm::OneshotPull | Algorithm::TwoshotPull, false) => {
+                                    (Algorithm::OneshotPull, false) => {
                                         assert!(nvec * 16 <= layout.cap)
+                                    }
+                                    (Algorithm::TwoshotPull, false) => {
+                                        assert!((layout.world - 1) * slice * 16 <= layout.cap)
                                     }
                                     (Algorithm::TwoshotPull, true) => {
                                         assert!(slice * 16 <= layout.cap)
@@ -229,6 +248,21 @@ mod tests {
     }
 
     #[test]
+    fn staged_two_shot_launches_fill_a_half_unless_it_is_tiny() {
+        for layout in layouts() {
+            let limit = staged_twoshot_limit(&layout);
+            if layout.cap >= 16 * layout.world * layout.world {
+                assert_eq!(limit, layout.cap, "{layout:?}");
+            }
+            let slice = (limit / 16).div_ceil(layout.world);
+            assert!((layout.world - 1) * slice * 16 <= layout.cap, "{layout:?}");
+        }
+        // 256 B halves (16 vectors) at 7 ranks: 6 slices of 3 vectors would not fit.
+        let tiny = Layout::new(7, 1, 1);
+        assert_eq!(staged_twoshot_limit(&tiny), 14 * 16);
+    }
+
+    #[test]
     fn messages_that_fit_run_in_one_launch() {
         for layout in layouts() {
             for algorithm in Algorithm::ALL {
@@ -236,6 +270,8 @@ mod tests {
                     layout.lcap
                 } else if algorithm == Algorithm::OneshotCopy {
                     copy_slot(&layout)
+                } else if algorithm == Algorithm::TwoshotPull {
+                    staged_twoshot_limit(&layout)
                 } else {
                     layout.cap
                 };
