@@ -68,7 +68,8 @@ impl fmt::Display for Collective {
 pub enum TrafficPattern {
     /// Barrier, then every rank reads the whole message from every peer.
     OneShotPull,
-    /// Barrier, reduce one slice read from every peer, barrier, read the other slices.
+    /// Every rank's slice `j` meets at rank `j` (written there, or read there in place),
+    /// barrier, rank `j` reduces it, barrier, every rank reads the other reduced slices.
     TwoShotPull,
     /// Every rank writes its message into every peer (sentinel-detected), no barrier.
     OneShotPush,

@@ -10,7 +10,7 @@
 //   [0, 8 KiB)          PeerPad.flags: per-block barrier flags that PEERS store into (two sets)
 //   [8 KiB, +128)       PeerPad.chan: signal slots of the user channels, [channel][sender]
 //   [8 KiB + 128, +1 KiB) PeerPad.calls: every rank's call descriptor, [call parity][sender]
-//   off_data            2 x cap: staged inputs, by call parity
+//   off_data            2 x cap: staged inputs (two-shot pull: the peers' slices), by call parity
 //   off_tmp             cap: two-shot pull's reduced slice
 //   off_push            3 x world x lcap: one-shot Lamport mailboxes [buffer][sender]
 //   off_recv            3 x world x slice_cap: two-shot push slice mailboxes [buffer][sender]

@@ -14,7 +14,8 @@ pub enum Algorithm {
     /// Barrier, then every rank reads every rank's buffer and reduces (rank order).
     /// Fewest steps: best for small messages when reads are cheap (NVLink).
     OneshotPull,
-    /// Reduce-scatter (rank r reduces slice r from every rank), barrier, all-gather (every
+    /// Reduce-scatter (every rank writes slice r of its input into rank r's staging, or,
+    /// zero-copy, rank r reads it in place; rank r reduces it), barrier, all-gather (every
     /// rank reads every reduced slice). Moves `2 (n-1)/n` of the message per rank: large
     /// messages.
     TwoshotPull,

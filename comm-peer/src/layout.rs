@@ -2,7 +2,8 @@
 //! `kernels/peer_sync.cuh` (keep the two in step).
 //!
 //! A header (barrier flags, signal slots and call slots that peers write),
-//! the staged inputs (two, by call parity), the two-shot pull's reduced slice, and the
+//! the staged inputs (two, by call parity; two-shot pull stages there the slices its
+//! peers write), the two-shot pull's reduced slice, and the
 //! Lamport mailboxes (three rotating buffers each). Every area starts on a 256-byte
 //! boundary, so every 16-byte vector access is aligned.
 
