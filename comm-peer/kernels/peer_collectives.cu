@@ -50,31 +50,37 @@ __device__ void peer_oneshot_pull(const PeerArgs& a, const PeerCtx& c, uint64_t 
     if (zc) peer_barrier(a, c, 1);
 }
 
-// twoshot-pull. Staged: rank r writes slice s of its input into rank s's data buffer of
-// this call's parity (sender slot peer_slot(r, s), world - 1 slots of S vectors, which the
-// launch's cut keeps within a staging half) and keeps its own slice where it lies;
-// barrier; rank r reduces slice r from its input and the slots (rank order), into its
-// output and its tmp; barrier; every rank copies slice s from rank s's tmp. So no rank
-// copies its own input first, the reduce-scatter's slices cross the links as stores, and
-// only the all-gather reads a peer. Peers' stores land before the call is agreed, but only
-// in the staging half of this call's parity, which no rank reads before the agreeing
-// barrier. Zero-copy: rank r reads slice r from every rank's registered input where it
-// lies. Inputs are read before the second barrier only, so zero-copy needs no third barrier
-// (and in place is safe: rank r writes output slice r after reading input slice r, the
-// other slices after the second barrier).
+// twoshot-pull, one part of the message (`count` elements from `input`/`output`, zero-copy
+// inputs from byte `zc_off` of the peers' buffers), as call c.seq. Staged: rank r writes
+// slice s of its input into rank s's data buffer of this call's parity (sender slot
+// peer_slot(r, s), world - 1 slots of S vectors, which the host's part size keeps within a
+// staging half) and keeps its own slice where it lies; barrier; rank r reduces slice r from
+// its input and the slots (rank order), into its output and its tmp; barrier; every rank
+// copies slice s from rank s's tmp. So no rank copies its own input first, the
+// reduce-scatter's slices cross the links as stores, and only the all-gather reads a peer.
+// Peers' stores land before the call is agreed, but only in the staging half of this call's
+// parity, which no rank reads before the agreeing barrier. Zero-copy: rank r reads slice r
+// from every rank's registered input where it lies. Inputs are read before the second
+// barrier only, so zero-copy needs no third barrier (and in place is safe: rank r writes
+// output slice r after reading input slice r, the other slices after the second barrier).
+// `first`: the call's first part, whose first barrier compares the calls. False when the
+// block must stop.
 __device__ __forceinline__ uint32_t peer_slot(uint32_t sender, uint32_t owner) {
     return sender < owner ? sender : sender - 1u;
 }
 
-template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, const PeerCtx& c, uint64_t nvec) {
+template <int DT, int OP>
+__device__ bool peer_twoshot_part(const PeerArgs& a, const PeerCtx& c, const char* input, char* output, uint64_t count,
+                                  uint64_t zc_off, bool first) {
     const bool zc = c.input[0] != nullptr;
+    const uint64_t nvec = (count + PeerDt<DT>::VEC - 1) / PeerDt<DT>::VEC;
     const uint64_t dbuf = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
     const bool aligned = a.aligned != 0;
     const uint64_t S = (nvec + a.world - 1) / a.world;
     const uint32_t me = a.rank;
     const auto slice_len = [&](uint32_t s) -> uint64_t {
-        const uint64_t first = s * S;
-        return first >= nvec ? 0 : (nvec - first < S ? nvec - first : S);
+        const uint64_t from = s * S;
+        return from >= nvec ? 0 : (nvec - from < S ? nvec - from : S);
     };
     if (!zc) {
         for (uint32_t k = 1; k < a.world; ++k) {
@@ -83,11 +89,11 @@ template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, c
             const uint32_t s = (me + k) % a.world;
             uint4* dst = reinterpret_cast<uint4*>(c.region[s] + dbuf) + peer_slot(me, s) * S;
             peer_copy(
-                slice_len(s), [&](uint64_t i) { return peer_load_user<DT>(a.input, s * S + i, a.count, aligned); },
+                slice_len(s), [&](uint64_t i) { return peer_load_user<DT>(input, s * S + i, count, aligned); },
                 [&](uint64_t i, uint4 w) { dst[i] = w; });
         }
     }
-    if (!peer_agreeing_barrier(a, c)) return;
+    if (!(first ? peer_agreeing_barrier(a, c) : peer_barrier(a, c, 0))) return false;
     uint4* tmp = reinterpret_cast<uint4*>(c.region[me] + a.off_tmp);
     const uint4* staged = reinterpret_cast<const uint4*>(c.region[me] + dbuf);
     for (uint64_t i = peer_tid(); i < slice_len(me); i += peer_stride()) {
@@ -96,23 +102,50 @@ template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, c
 #pragma unroll
         for (int p = 0; p < PEER_MAX_RANKS; ++p) {
             if (p < (int)a.world) {
-                w[p] = zc                ? peer_load_user<DT>(c.input[p], v, a.count, aligned)
-                       : p == (int)me ? peer_load_user<DT>(a.input, v, a.count, aligned)
+                w[p] = zc                ? peer_load_user<DT>(c.input[p] + zc_off, v, count, aligned)
+                       : p == (int)me ? peer_load_user<DT>(input, v, count, aligned)
                                          : peer_ld_cg(staged + peer_slot(p, me) * S + i);
             }
         }
         const uint4 r = peer_reduce<DT, OP>(a, w);
         tmp[i] = r;
-        peer_store_user<DT>(a.output, v, a.count, aligned, r);
+        peer_store_user<DT>(output, v, count, aligned, r);
     }
-    if (!peer_barrier(a, c, 1)) return;
+    if (!peer_barrier(a, c, 1)) return false;
     for (uint32_t k = 1; k < a.world; ++k) {
         // Start with the next rank's slice, so that the ranks do not all read rank 0 first.
         const uint32_t s = (me + k) % a.world;
         const uint4* src = reinterpret_cast<const uint4*>(c.region[s] + a.off_tmp);
         peer_copy(
             slice_len(s), [&](uint64_t i) { return peer_ld_cg(src + i); },
-            [&](uint64_t i, uint4 w) { peer_store_user<DT>(a.output, s * S + i, a.count, aligned, w); });
+            [&](uint64_t i, uint4 w) { peer_store_user<DT>(output, s * S + i, count, aligned, w); });
+    }
+    return true;
+}
+
+// Parts of a two-shot pull call: a.part bytes each (a multiple of 16; 0: one part), the
+// last one shorter.
+__device__ __forceinline__ uint32_t peer_twoshot_parts(const PeerArgs& a, uint64_t bytes) {
+    return bytes == 0 || a.part == 0 ? 1u : (uint32_t)((bytes + a.part - 1) / a.part);
+}
+
+// twoshot-pull: the whole call in one launch, part after part, each as the call number it
+// would have as a launch of its own (c.seq + j: its data parity and barrier values), so that
+// no part waits for a kernel boundary. A part reuses a staging half two parts later, once
+// every peer has passed the barrier that ends this rank's reads of it. The previous call's
+// mailboxes are reset once every peer is seen (the first barrier), since a peer's next call
+// may push into the same buffer as that call did when the parts are 3k + 2.
+template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, const PeerCtx& c) {
+    const uint64_t size = PeerDt<DT>::SIZE, bytes = a.count * size;
+    const uint32_t parts = peer_twoshot_parts(a, bytes);
+    const uint64_t step = a.part == 0 ? bytes : a.part;
+    for (uint32_t j = 0; j < parts; ++j) {
+        const uint64_t at = (uint64_t)j * step;
+        const uint64_t n = (bytes - at < step ? bytes - at : step) / size;
+        PeerCtx part = c;
+        part.seq = c.seq + j;
+        if (!peer_twoshot_part<DT, OP>(a, part, a.input + at, a.output + at, n, at, j == 0)) return;
+        if (j == 0) peer_reset_old_mailboxes(a, c, PEER_RESET_ALL);
     }
 }
 
@@ -270,7 +303,7 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(c
     peer_publish_call(a, c);
     const uint64_t S = (nvec + a.world - 1) / a.world;
     if constexpr (ALGO == PEER_ONESHOT_PULL) peer_oneshot_pull<DT, OP>(a, c, nvec, first);
-    else if constexpr (ALGO == PEER_TWOSHOT_PULL) peer_twoshot_pull<DT, OP>(a, c, nvec);
+    else if constexpr (ALGO == PEER_TWOSHOT_PULL) peer_twoshot_pull<DT, OP>(a, c);
     else if constexpr (ALGO == PEER_ONESHOT_PUSH) peer_oneshot_lamport<DT, OP, false>(a, c, nvec, first);
     else if constexpr (ALGO == PEER_ONESHOT_LOCAL) peer_oneshot_lamport<DT, OP, true>(a, c, nvec, first);
     else peer_twoshot_push<DT, OP>(a, c, nvec);
@@ -279,8 +312,11 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(c
     constexpr bool push = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_TWOSHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL;
     constexpr bool oneshot_mailbox = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL;
     const uint64_t oneshot_used = oneshot_mailbox ? nvec * 16 | (ALGO == PEER_ONESHOT_LOCAL ? PEER_USED_OWN : 0) : 0;
+    // Two-shot pull has reset the previous call's mailboxes itself, and counts a call per part.
+    constexpr bool parts = ALGO == PEER_TWOSHOT_PULL;
     peer_epilogue(a, c, oneshot_used, ALGO == PEER_TWOSHOT_PUSH ? S : 0, ALGO == PEER_TWOSHOT_PUSH ? nvec : 0,
-                  push ? PEER_RESET_OWN : PEER_RESET_ALL);
+                  parts ? 0u : push ? PEER_RESET_OWN : PEER_RESET_ALL,
+                  parts ? peer_twoshot_parts(a, a.count * PeerDt<DT>::SIZE) : 1u);
 }
 
 template <int ALGO, int DT, int OP> __device__ void peer_all_reduce(const PeerArgs& a) {

@@ -124,6 +124,7 @@ struct PeerArgs {
     uint64_t* trace;          // diagnostic ring of PEER_TRACE_CALLS records of 8 words, or null
     uint64_t in_off;          // zero-copy: byte offset of the input in its registered buffer
     uint64_t count;           // elements (all-reduce, fused: rows * hidden); bytes for gather/bcast
+    uint64_t part;            // two-shot pull: bytes of the message each part moves (a multiple of 16)
     uint64_t cap;             // bytes of one staging half (a multiple of 16)
     uint64_t lcap;            // bytes of one Lamport sender slot (a multiple of 16)
     uint64_t slice_cap;       // bytes of one two-shot push slice slot (a multiple of 16)
@@ -569,25 +570,29 @@ __device__ __forceinline__ void peer_reset_old_mailboxes(const PeerArgs& a, cons
 // Resets the previous call's mailboxes (`reset`: which of them; push kernels reset what
 // peers wrote early), records what this call wrote into buffer seq%3 (bytes per sender slot
 // of each kind; the one-shot kind with PEER_USED_OWN where it wrote its own slot), then
-// advances this block's copies of the call counter (see the top). Nothing here waits for
-// memory: the next launch reads all of it after this one has completed. Every caller has
-// seen every peer in this call (its barrier, its wait or its comparison of the calls), or
-// has given up.
+// advances this block's copies of the call counter (see the top) by `calls`: a launch that
+// ran as several calls (two-shot pull's parts) wrote no mailbox in any of them, and has
+// reset the previous call's mailboxes itself. Nothing here waits for memory: the next
+// launch reads all of it after this one has completed. Every caller has seen every peer in
+// this call (its barrier, its wait or its comparison of the calls), or has given up.
 __device__ __forceinline__ void peer_epilogue(const PeerArgs& a, const PeerCtx& c, uint64_t oneshot_bytes, uint64_t recv_vecs,
-                              uint64_t result_vecs, uint32_t reset = PEER_RESET_ALL) {
+                              uint64_t result_vecs, uint32_t reset = PEER_RESET_ALL, uint32_t calls = 1u) {
     __syncthreads();
     if (*c.dead) return;
-    const uint32_t cur = c.seq % 3u;
     peer_reset_old_mailboxes(a, c, reset);
     if (threadIdx.x == 0 && blockIdx.x == 0) {
-        c.state->used[PEER_MB_ONESHOT][cur] = oneshot_bytes;
-        c.state->used[PEER_MB_RECV][cur] = recv_vecs * 16;
-        c.state->used[PEER_MB_RESULT][cur] = result_vecs * 16;
+        for (uint32_t k = calls > 3u ? calls - 3u : 0u; k < calls; ++k) {
+            const uint32_t buf = (c.seq + k) % 3u;
+            const bool last = k + 1u == calls;
+            c.state->used[PEER_MB_ONESHOT][buf] = last ? oneshot_bytes : 0;
+            c.state->used[PEER_MB_RECV][buf] = last ? recv_vecs * 16 : 0;
+            c.state->used[PEER_MB_RESULT][buf] = last ? result_vecs * 16 : 0;
+        }
     }
     // One store per thread: a small grid leaves up to PEER_MAX_BLOCKS copies to each block,
     // and one thread storing them one after another cost ~10 ns each (1.4 us for one block).
     for (uint32_t b = blockIdx.x + threadIdx.x * gridDim.x; b < PEER_MAX_BLOCKS; b += gridDim.x * blockDim.x)
-        c.state->seq[b] = c.seq + 1u;
+        c.state->seq[b] = c.seq + calls;
     // Traced: block 0's record of this call (call number + 1, so that 0 marks an empty one).
     if (a.trace != nullptr && threadIdx.x == 0 && blockIdx.x == 0) {
         uint64_t* r = a.trace + (uint64_t)(c.seq % PEER_TRACE_CALLS) * 8;

@@ -34,13 +34,17 @@ pub(crate) fn copy_slot(layout: &Layout) -> usize {
     (2 * layout.cap / COPY_SLOTS).min(MAX_COPY_SLOT) & !15
 }
 
-/// Most bytes of a staged two-shot pull launch: each rank receives `world - 1` slices of
-/// `ceil(vectors / world)` vectors in one staging half of `cap / 16` vectors. That holds
-/// for a whole half unless the half is tiny against `world`; then the part is cut to
-/// `world` equal slices that fit.
-fn staged_twoshot_limit(layout: &Layout) -> usize {
+/// Bytes of one part of a two-shot pull, which its kernel moves one after another in one
+/// launch (a multiple of 16). Staged, each rank receives `world - 1` slices of
+/// `ceil(vectors / world)` vectors in one staging half of `cap / 16` vectors: that holds for
+/// a whole half unless the half is tiny against `world`, and then the part is cut to `world`
+/// equal slices that fit. Zero-copy, each rank holds only its reduced slice, `1 / world`
+/// of the part, in a buffer of `cap` bytes.
+pub(crate) fn twoshot_part(layout: &Layout, zero_copy: bool) -> usize {
     let (half, world) = (layout.cap / 16, layout.world.max(1));
-    if (world - 1) * half.div_ceil(world) <= half {
+    if zero_copy {
+        half * world * 16
+    } else if (world - 1) * half.div_ceil(world) <= half {
         half * 16
     } else {
         half / world * world * 16
@@ -68,18 +72,16 @@ pub(crate) struct Cut {
 
 impl Cut {
     /// An all-reduce by `algorithm`. Staged one-shot pull copies the part into a staging
-    /// half; staged two-shot pull writes each peer's slice into that peer's staging half
-    /// (`world - 1` slices, see [`staged_twoshot_limit`]); push writes it into Lamport slots
-    /// (`lcap`; the two-shot slices fit `slice_cap` then). Zero-copy pull stages nothing:
-    /// one-shot reads the peers' buffers in place, and two-shot holds only this rank's
-    /// reduced slice, `1 / world` of the part.
+    /// half; push writes it into Lamport slots (`lcap`; the two-shot slices fit `slice_cap`
+    /// then). Zero-copy one-shot pull stages nothing and reads the peers' buffers in place.
+    /// Two-shot pull runs whole in one launch, which moves it part after part
+    /// ([`twoshot_part`]).
     pub(crate) fn all_reduce(layout: &Layout, algorithm: Algorithm, zero_copy: bool) -> Cut {
         let limit = match (algorithm, zero_copy) {
             (Algorithm::OneshotPush | Algorithm::TwoshotPush, _) => layout.lcap,
             (Algorithm::OneshotPull, false) => layout.cap,
-            (Algorithm::TwoshotPull, false) => staged_twoshot_limit(layout),
-            (Algorithm::TwoshotPull, true) => layout.cap * layout.world,
-            (Algorithm::OneshotPull, true) => WHOLE,
+            (Algorithm::OneshotPull | Algorithm::TwoshotPull, true)
+            | (Algorithm::TwoshotPull, _) => WHOLE,
             (Algorithm::OneshotCopy, _) => copy_slot(layout),
         };
         Cut::contiguous(limit)
@@ -221,12 +223,7 @@ mod tests {
                                     (Algorithm::OneshotPull, false) => {
                                         assert!(nvec * 16 <= layout.cap)
                                     }
-                                    (Algorithm::TwoshotPull, false) => {
-                                        assert!((layout.world - 1) * slice * 16 <= layout.cap)
-                                    }
-                                    (Algorithm::TwoshotPull, true) => {
-                                        assert!(slice * 16 <= layout.cap)
-                                    }
+                                    (Algorithm::TwoshotPull, _) => assert_eq!(c.bytes, bytes),
                                     (Algorithm::OneshotPull, true) => assert_eq!(c.bytes, bytes),
                                     (Algorithm::OneshotPush, _) => {
                                         assert!(nvec * 16 <= layout.lcap)
@@ -248,18 +245,27 @@ mod tests {
     }
 
     #[test]
-    fn staged_two_shot_launches_fill_a_half_unless_it_is_tiny() {
+    fn two_shot_parts_fit_the_staging_and_fill_a_half_unless_it_is_tiny() {
         for layout in layouts() {
-            let limit = staged_twoshot_limit(&layout);
+            let staged = twoshot_part(&layout, false);
             if layout.cap >= 16 * layout.world * layout.world {
-                assert_eq!(limit, layout.cap, "{layout:?}");
+                assert_eq!(staged, layout.cap, "{layout:?}");
             }
-            let slice = (limit / 16).div_ceil(layout.world);
-            assert!((layout.world - 1) * slice * 16 <= layout.cap, "{layout:?}");
+            // Any part up to this size, the last one included, fits.
+            for bytes in [16, staged / 2, staged - 16, staged] {
+                let slice = (bytes / 16).div_ceil(layout.world);
+                assert!(
+                    (layout.world - 1) * slice * 16 <= layout.cap,
+                    "{layout:?} {bytes}"
+                );
+            }
+            let zero_copy = twoshot_part(&layout, true);
+            assert!((zero_copy / 16).div_ceil(layout.world) * 16 <= layout.cap);
+            assert!(staged % 16 == 0 && zero_copy % 16 == 0 && staged > 0);
         }
         // 256 B halves (16 vectors) at 7 ranks: 6 slices of 3 vectors would not fit.
         let tiny = Layout::new(7, 1, 1);
-        assert_eq!(staged_twoshot_limit(&tiny), 14 * 16);
+        assert_eq!(twoshot_part(&tiny, false), 14 * 16);
     }
 
     #[test]
@@ -270,14 +276,17 @@ mod tests {
                     layout.lcap
                 } else if algorithm == Algorithm::OneshotCopy {
                     copy_slot(&layout)
-                } else if algorithm == Algorithm::TwoshotPull {
-                    staged_twoshot_limit(&layout)
                 } else {
                     layout.cap
                 };
                 let cut = Cut::all_reduce(&layout, algorithm, false);
                 assert_eq!(cut.chunks(limit).count(), 1, "{algorithm}");
-                assert_eq!(cut.chunks(limit + 2).count(), 2, "{algorithm}");
+                let more = if algorithm == Algorithm::TwoshotPull {
+                    1
+                } else {
+                    2
+                };
+                assert_eq!(cut.chunks(limit + 2).count(), more, "{algorithm}");
             }
             assert_eq!(Cut::broadcast(&layout).chunks(layout.cap).count(), 1);
             assert_eq!(Cut::broadcast(&layout).chunks(layout.cap + 1).count(), 2);
@@ -374,7 +383,7 @@ mod tests {
     #[test]
     fn every_rank_cuts_alike_from_the_call_and_the_layout() {
         let layout = Layout::new(8, 1 << 20, 1 << 16);
-        let cut = Cut::all_reduce(&layout, Algorithm::TwoshotPull, false);
+        let cut = Cut::all_reduce(&layout, Algorithm::OneshotPull, false);
         let parts: Vec<Chunk> = cut.chunks((5 << 20) + 6).collect();
         assert_eq!(parts.len(), 6);
         assert_eq!(

@@ -8,7 +8,7 @@ use comm_core::cuda::{driver_error, raw_stream};
 use comm_core::{BufferMut, BufferRef, CallDescriptor, RawStream, ReduceOp, Result};
 
 use crate::algorithm::Algorithm;
-use crate::chunks::Cut;
+use crate::chunks::{Cut, twoshot_part};
 use crate::comm::PeerComm;
 use crate::kernels::{PeerArgs, all_reduce_kernel, all_reduce_work, blocks, reduce_scatter_kernel};
 use crate::scratch::Rows;
@@ -132,17 +132,24 @@ impl PeerComm {
             self.group.same_device(),
         );
         let cut = Cut::all_reduce(&self.layout, plan.algorithm, plan.zero_copy.is_some());
-        for part in cut.chunks(bytes) {
-            let at = part.offset as u64;
-            let count = part.bytes / call.dtype.size();
+        // Two-shot pull moves a launch part after part; the grid is that of one part.
+        let part = match plan.algorithm {
+            Algorithm::TwoshotPull => twoshot_part(&self.layout, plan.zero_copy.is_some()),
+            _ => bytes,
+        };
+        for chunk in cut.chunks(bytes) {
+            let at = chunk.offset as u64;
+            let count = chunk.bytes / call.dtype.size();
             let args = PeerArgs {
                 inputs: plan.zero_copy.map_or(0, |(table, _)| table),
                 in_off: plan.zero_copy.map_or(0, |(_, in_off)| in_off + at),
+                part: part as u64,
                 ..self.io_args(&agreed, send_addr + at, recv_addr + at, count as u64)
             };
+            let work = count.min(part / call.dtype.size());
             self.group.launch(
                 kernel,
-                self.grid(all_reduce_work(plan.algorithm, call.dtype, count, world)),
+                self.grid(all_reduce_work(plan.algorithm, call.dtype, work, world)),
                 stream,
                 &args,
             )?;

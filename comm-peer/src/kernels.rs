@@ -52,6 +52,7 @@ pub(crate) struct PeerArgs {
     pub trace: u64,
     pub in_off: u64,
     pub count: u64,
+    pub part: u64,
     pub cap: u64,
     pub lcap: u64,
     pub slice_cap: u64,
