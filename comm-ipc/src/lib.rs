@@ -1,5 +1,5 @@
 //! `comm-ipc`: a CUDA-IPC custom all-reduce, the fast path for small and medium messages
-//! between the GPUs of one node; larger ones run too, in several launches.
+//! between the GPUs of one node; larger ones run too, in parts.
 //!
 //! [`IpcComm`] implements [`comm_core::Communicator`]. It is one source of peer memory for
 //! the shared layer `comm-peer`, which holds every kernel and every algorithm: each rank

@@ -2,7 +2,8 @@
 //!
 //! A launch can move only what the region's staging areas hold (`cap` bytes per half,
 //! `lcap` per Lamport slot), so a larger call runs as consecutive launches on its stream,
-//! each over a part of every rank's message. Where the parts lie follows from the call's
+//! each over a part of every rank's message; but two-shot pull, whose kernel moves the
+//! parts one after another in one launch ([`twoshot_part`]). Where the parts lie follows from the call's
 //! size and the layout alone, so every rank cuts alike, and every part starts on a
 //! 16-byte boundary of the message, so an aligned buffer stays aligned in every launch.
 //!

@@ -527,7 +527,7 @@ fn capabilities(config: &PeerConfig) -> Capabilities {
     caps.ops = OPS.to_vec();
     caps.host_memory = false;
     caps.device_memory = true;
-    // Larger messages run in several launches.
+    // Larger messages move in parts (chunks).
     caps.max_bytes = None;
     // Changing state lives on the device; agreement on the host happens at capture only.
     caps.graph_capture_safe = true;

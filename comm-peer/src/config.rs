@@ -20,7 +20,8 @@ pub const DEFAULT_THREADS: u32 = 512;
 pub struct PeerConfig {
     /// Most bytes per rank one launch moves (an all-reduce's or a broadcast's message, an
     /// all-gather's input, a reduce-scatter's whole input): the size of each staging area
-    /// of the region. Larger messages run as several launches, in order on their stream.
+    /// of the region. Larger messages move in parts: in one launch (two-shot pull) or in
+    /// several, in order on their stream.
     /// The region takes about 3 times this per rank, and a private scratch buffer (for
     /// all-gathers and reduce-scatters cut into launches) as much again.
     pub max_bytes: usize,

@@ -14,8 +14,8 @@
 //! (`copies`: kernels only signal and sum; for regions in host memory), reduce-scatter,
 //! all-gather, broadcast, the fused all-reduce + residual + RMSNorm, and signal
 //! primitives. A message larger than the staging areas (`max_bytes` of [`PeerConfig`])
-//! runs as several launches of the same kernel, each over a part of it that starts on a
-//! 16-byte boundary, cut alike on every rank (`chunks`). Every element is reduced in rank
+//! moves in parts, each starting on a 16-byte boundary and cut alike on every rank
+//! (`chunks`): part after part in one launch (two-shot pull), or a launch per part. Every element is reduced in rank
 //! order in f32, so every rank holds the same bits. Every spin is bounded: a kernel that
 //! gives up records why in host-mapped memory ([`PeerGroup`]), the host reports
 //! `Error::Timeout`, and the communicator is `Aborted` from then on. Ranks agree on each
