@@ -3,9 +3,9 @@
 //! A launch can move only what the region's staging areas hold (`cap` bytes per half,
 //! `lcap` per Lamport slot), so a larger call runs as consecutive launches on its stream,
 //! each over a part of every rank's message; but two-shot pull, whose kernel moves the
-//! parts one after another in one launch ([`twoshot_part`]). Where the parts lie follows from the call's
-//! size and the layout alone, so every rank cuts alike, and every part starts on a
-//! 16-byte boundary of the message, so an aligned buffer stays aligned in every launch.
+//! parts one after another in one launch ([`twoshot_part`]). Where the parts lie follows
+//! from the call's size and the layout alone, so every rank cuts alike, and every part
+//! starts on a 16-byte boundary of the message, so an aligned buffer stays aligned.
 //!
 //! All-gather and reduce-scatter messages are strided: rank `r`'s part `k` lies at
 //! `r * bytes + offset`, while the kernels place rank `r`'s share of a launch at
@@ -81,8 +81,7 @@ impl Cut {
         let limit = match (algorithm, zero_copy) {
             (Algorithm::OneshotPush | Algorithm::TwoshotPush, _) => layout.lcap,
             (Algorithm::OneshotPull, false) => layout.cap,
-            (Algorithm::OneshotPull | Algorithm::TwoshotPull, true)
-            | (Algorithm::TwoshotPull, _) => WHOLE,
+            (Algorithm::OneshotPull, true) | (Algorithm::TwoshotPull, _) => WHOLE,
             (Algorithm::OneshotCopy, _) => copy_slot(layout),
         };
         Cut::contiguous(limit)
@@ -224,8 +223,10 @@ mod tests {
                                     (Algorithm::OneshotPull, false) => {
                                         assert!(nvec * 16 <= layout.cap)
                                     }
-                                    (Algorithm::TwoshotPull, _) => assert_eq!(c.bytes, bytes),
-                                    (Algorithm::OneshotPull, true) => assert_eq!(c.bytes, bytes),
+                                    (Algorithm::OneshotPull, true)
+                                    | (Algorithm::TwoshotPull, _) => {
+                                        assert_eq!(c.bytes, bytes)
+                                    }
                                     (Algorithm::OneshotPush, _) => {
                                         assert!(nvec * 16 <= layout.lcap)
                                     }
