@@ -135,8 +135,9 @@ __device__ __forceinline__ uint32_t peer_twoshot_parts(const PeerArgs& a, uint64
 // no part waits for a kernel boundary. A part reuses a staging half two parts later, once
 // every peer has passed the barrier that ends this rank's reads of it. The previous call's
 // mailboxes are reset once every peer is seen (the first barrier), since a peer's next call
-// may push into the same buffer as that call did when the parts are 3k + 2.
-template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, const PeerCtx& c) {
+// may push into the same buffer as that call did when the parts are 3k + 2. Returns the
+// number of parts, the calls that the epilogue counts, also when a part fails.
+template <int DT, int OP> __device__ uint32_t peer_twoshot_pull(const PeerArgs& a, const PeerCtx& c) {
     const uint64_t size = PeerDt<DT>::SIZE, bytes = a.count * size;
     const uint32_t parts = peer_twoshot_parts(a, bytes);
     const uint64_t step = a.part == 0 ? bytes : a.part;
@@ -145,9 +146,10 @@ template <int DT, int OP> __device__ void peer_twoshot_pull(const PeerArgs& a, c
         const uint64_t n = (bytes - at < step ? bytes - at : step) / size;
         PeerCtx part = c;
         part.seq = c.seq + j;
-        if (!peer_twoshot_part<DT, OP>(a, part, a.input + at, a.output + at, n, at, j == 0)) return;
+        if (!peer_twoshot_part<DT, OP>(a, part, a.input + at, a.output + at, n, at, j == 0)) break;
         if (j == 0) peer_reset_old_mailboxes(a, c, PEER_RESET_ALL);
     }
+    return parts;
 }
 
 // The wait and reduction of the one-shot Lamport kernels once this rank's data is out:
@@ -303,8 +305,9 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(c
     PEER_PROLOGUE_STATE(a, c)
     peer_publish_call(a, c);
     const uint64_t S = (nvec + a.world - 1) / a.world;
+    uint32_t calls = 1;
     if constexpr (ALGO == PEER_ONESHOT_PULL) peer_oneshot_pull<DT, OP>(a, c, nvec, first);
-    else if constexpr (ALGO == PEER_TWOSHOT_PULL) peer_twoshot_pull<DT, OP>(a, c);
+    else if constexpr (ALGO == PEER_TWOSHOT_PULL) calls = peer_twoshot_pull<DT, OP>(a, c);
     else if constexpr (ALGO == PEER_ONESHOT_PUSH) peer_oneshot_lamport<DT, OP, false>(a, c, nvec, first);
     else if constexpr (ALGO == PEER_ONESHOT_LOCAL) peer_oneshot_lamport<DT, OP, true>(a, c, nvec, first);
     else peer_twoshot_push<DT, OP>(a, c, nvec);
@@ -316,8 +319,7 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(c
     // Two-shot pull has reset the previous call's mailboxes itself, and counts a call per part.
     constexpr bool parts = ALGO == PEER_TWOSHOT_PULL;
     peer_epilogue(a, c, oneshot_used, ALGO == PEER_TWOSHOT_PUSH ? S : 0, ALGO == PEER_TWOSHOT_PUSH ? nvec : 0,
-                  parts ? 0u : push ? PEER_RESET_OWN : PEER_RESET_ALL,
-                  parts ? peer_twoshot_parts(a, a.count * PeerDt<DT>::SIZE) : 1u);
+                  parts ? 0u : push ? PEER_RESET_OWN : PEER_RESET_ALL, calls);
 }
 
 template <int ALGO, int DT, int OP> __device__ void peer_all_reduce(const PeerArgs& a) {
