@@ -54,6 +54,7 @@ fn joining_an_absent_device_fails_on_every_rank() {
 #[test]
 #[ignore = "needs a GPU"]
 fn conformance_of_every_algorithm_on_in_process_ranks() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     conformance_of_every_algorithm(gpus.max(2), STAGING);
 }
@@ -62,6 +63,7 @@ fn conformance_of_every_algorithm_on_in_process_ranks() {
 #[test]
 #[ignore = "needs a GPU"]
 fn conformance_of_every_algorithm_in_chunks() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     conformance_of_every_algorithm(gpus.max(2), CHUNKED_STAGING);
 }
@@ -71,6 +73,7 @@ fn conformance_of_every_algorithm_in_chunks() {
 #[test]
 #[ignore = "needs a GPU"]
 fn all_reduce_of_64_mib_with_the_default_config() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     let reports = on_threads(gpus.max(2), move |b| {
         let device = b.rank() % gpus;
@@ -96,6 +99,7 @@ fn all_reduce_of_64_mib_with_the_default_config() {
 #[test]
 #[ignore = "needs a GPU"]
 fn kernels_from_the_cache_are_loaded_before_their_first_launch() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     use comm_core::cuda::cudarc::driver::sys;
     use comm_core::cuda::{KernelCache, kernels::FILL_CHECK};
     let ctx = comm_core::cuda::context(0).expect("device 0");
@@ -124,6 +128,7 @@ fn kernels_from_the_cache_are_loaded_before_their_first_launch() {
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn conformance_of_every_algorithm_with_ranks_sharing_a_gpu() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     assert!(gpus >= 2, "needs 2 GPUs, found {gpus}");
     conformance_of_every_algorithm(gpus + 1, STAGING);
@@ -170,6 +175,7 @@ fn run_suite(comm: &IpcComm, device: usize, suite: &Config) -> Result<Report, Er
 #[test]
 #[ignore = "needs a GPU"]
 fn disagreeing_ranks_get_a_mismatch_and_never_stale_data() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     use comm_core::conformance::{After, Disagreement};
     let timeout = Duration::from_secs(2);
     for algo in Algorithm::ALL {

@@ -79,6 +79,7 @@ fn wrong_on_host(dtype: DType, op: ReduceOp, seed: u64, world: u32, bytes: &[u8]
 #[test]
 #[ignore = "needs a GPU"]
 fn conformance_suite_world_of_one() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let (comm, memory) = single().unwrap();
     let config = Config {
         seed: fresh_seed(),
@@ -93,6 +94,7 @@ fn conformance_suite_world_of_one() {
 #[test]
 #[ignore = "needs a GPU"]
 fn fill_kernel_matches_its_host_mirror_and_check_kernel_counts_errors() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let (_, memory) = single().unwrap();
     let kernels = PatternKernels::load(memory.context()).unwrap();
     let seed = fresh_seed();
@@ -144,6 +146,7 @@ fn settle(comm: &NcclComm, memory: &DeviceMemory, f: impl FnOnce() -> Result<()>
 #[test]
 #[ignore = "needs a GPU"]
 fn every_collective_and_dtype_matches_the_host_reference() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let (comm, memory) = single().unwrap();
     let kernels = PatternKernels::load(memory.context()).unwrap();
     let seed = fresh_seed();
@@ -218,6 +221,7 @@ const REPLAYS: usize = 100;
 #[test]
 #[ignore = "needs a GPU"]
 fn graph_of_122_bf16_all_reduces_replays_100_times_correctly() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let (comm, memory) = single().unwrap();
     let kernels = PatternKernels::load(memory.context()).unwrap();
     let stream = memory.stream().clone();
@@ -308,6 +312,7 @@ fn two_gpu_group(
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn two_gpus_conformance_with_threads() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     require_two_gpus();
     let handles: Vec<_> = two_gpu_group(Duration::from_secs(60))
         .into_iter()
@@ -330,12 +335,14 @@ fn two_gpus_conformance_with_threads() {
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn two_gpus_an_absent_rank_times_out_and_aborts() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     absent_rank_times_out_and_aborts(true);
 }
 
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn two_gpus_an_absent_rank_times_out_and_aborts_without_validation() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     absent_rank_times_out_and_aborts(false);
 }
 
@@ -386,6 +393,7 @@ fn absent_rank_times_out_and_aborts(validate: bool) {
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn two_gpus_disagreeing_ranks_get_a_mismatch_and_never_stale_data() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     use comm_core::conformance::{After, Disagreement};
     require_two_gpus();
     let bound = Duration::from_secs(2);

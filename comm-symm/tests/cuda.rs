@@ -73,6 +73,7 @@ fn small_suite() -> conformance::Config {
 #[test]
 #[ignore = "needs a GPU"]
 fn conformance_on_in_process_ranks() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     conformance_on_threads(gpus.max(2), config(STAGING), &[None], &small_suite());
 }
@@ -81,6 +82,7 @@ fn conformance_on_in_process_ranks() {
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn conformance_with_ranks_sharing_a_gpu() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     assert!(gpus >= 2, "needs 2 GPUs, found {gpus}");
     conformance_on_threads(gpus + 1, config(STAGING), &[None], &small_suite());
@@ -90,6 +92,7 @@ fn conformance_with_ranks_sharing_a_gpu() {
 #[test]
 #[ignore = "needs a GPU"]
 fn conformance_of_every_algorithm_in_chunks() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     let every = Algorithm::ALL.map(Some);
     let suite = conformance::Config {
@@ -105,6 +108,7 @@ fn conformance_of_every_algorithm_in_chunks() {
 #[test]
 #[ignore = "needs a GPU"]
 fn all_reduce_of_64_mib_with_the_default_config() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     let default = CudaSymmConfig::default().peer.max_bytes;
     let suite = conformance::Config {
@@ -183,6 +187,7 @@ fn host_config(max_bytes: usize) -> CudaSymmConfig {
 #[test]
 #[ignore = "needs a GPU"]
 fn host_mapped_conformance_of_every_algorithm() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let suite = conformance::Config {
         large_count: Some(2 * (STAGING / 4) + 1),
         ..small_suite()
@@ -200,6 +205,7 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
 #[test]
 #[ignore = "needs a GPU"]
 fn host_mapped_all_reduce_replays_from_a_cuda_graph() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     let n = 21504usize;
     let input_of = |rank: usize, replay: usize| -> Vec<f32> {
@@ -261,6 +267,7 @@ fn host_mapped_all_reduce_replays_from_a_cuda_graph() {
 #[test]
 #[ignore = "needs a GPU"]
 fn host_mapped_waits_for_an_absent_rank_time_out() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     let bound = Duration::from_secs(2);
     for algorithm in [Algorithm::OneshotPull, Algorithm::OneshotPush] {
@@ -372,6 +379,7 @@ impl Held {
 #[test]
 #[ignore = "needs a GPU"]
 fn host_mapped_joins_and_drops_give_everything_back() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     const CYCLES: usize = 100;
     let gpus = comm_core::cuda::device_count().expect("a GPU");
     let results = on_ranks(2, |b| -> Result<Option<String>, Error> {

@@ -377,6 +377,7 @@ fn host_backends_agree_under_mpirun_3() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_backends_agree() {
+    let _turn = comm_core::conformance::ranks::gpu_turn();
     let gpus = device_count().expect("a GPU");
     let cases = 16;
     let compared = std::cell::Cell::new(0);

@@ -3,9 +3,21 @@
 //! processes would.
 
 use std::net::TcpListener;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::bootstrap::{EnvBootstrap, LaunchInfo, ThreadsBootstrap};
+
+/// This process's turn on its GPUs, until the guard drops: a GPU test takes it first, so
+/// that the tests of one binary, which the test harness runs on parallel threads, run one
+/// after another. Ranks of two tests spinning on one GPU at once can keep each other's
+/// kernels from being scheduled, and time out. (Test runners that start a process per test
+/// serialize through their own configuration: `.config/nextest.toml`.)
+pub fn gpu_turn() -> MutexGuard<'static, ()> {
+    static GPU: Mutex<()> = Mutex::new(());
+    // A test that panicked holding the turn has finished with the GPU all the same.
+    GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// Runs `body` on `n` threads, each with its rank of a [`ThreadsBootstrap`] group whose
 /// waits give up after `timeout`; returns the results by rank. A panicking rank panics here.
