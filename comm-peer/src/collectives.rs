@@ -10,7 +10,9 @@ use comm_core::{BufferMut, BufferRef, CallDescriptor, RawStream, ReduceOp, Resul
 use crate::algorithm::Algorithm;
 use crate::chunks::{Cut, twoshot_part};
 use crate::comm::PeerComm;
-use crate::kernels::{PeerArgs, all_reduce_kernel, all_reduce_work, blocks, reduce_scatter_kernel};
+use crate::kernels::{
+    PeerArgs, all_reduce_kernel, all_reduce_work, blocks, reduce_scatter_kernel, spread_grid,
+};
 use crate::scratch::Rows;
 
 /// How one all-reduce runs, decided by each rank and compared when validating.
@@ -146,13 +148,19 @@ impl PeerComm {
                 part: part as u64,
                 ..self.io_args(&agreed, send_addr + at, recv_addr + at, count as u64)
             };
-            let work = count.min(part / call.dtype.size());
-            self.group.launch(
-                kernel,
-                self.grid(all_reduce_work(plan.algorithm, call.dtype, work, world)),
-                stream,
-                &args,
-            )?;
+            let work = all_reduce_work(
+                plan.algorithm,
+                call.dtype,
+                count.min(part / call.dtype.size()),
+                world,
+            );
+            let grid = match (plan.algorithm, self.spread_blocks) {
+                (Algorithm::OneshotPush | Algorithm::OneshotPull, Some(spread)) => {
+                    spread_grid(work, self.config.threads, spread, self.max_blocks)
+                }
+                _ => self.grid(work),
+            };
+            self.group.launch(kernel, grid, stream, &args)?;
         }
         Ok(())
     }

@@ -20,7 +20,7 @@ use crate::calls::{self, CallWords};
 use crate::config::PeerConfig;
 use crate::copies::Copies;
 use crate::group::{PeerGroup, Ready};
-use crate::kernels::{DTYPES, OPS, PeerArgs, default_grid};
+use crate::kernels::{DTYPES, OPS, PeerArgs, default_grid, overlap_bound};
 use crate::layout::{Layout, MAX_BLOCKS, MAX_THREADS};
 use crate::registered::Registered;
 use crate::scratch::Scratch;
@@ -53,6 +53,9 @@ pub struct PeerComm {
     pub(crate) max_blocks: u32,
     /// Work items each thread takes on before the grid grows (more where blocks are dear).
     pub(crate) items_per_thread: usize,
+    /// Most blocks a small one-shot all-reduce spreads over (`kernels::spread_grid`); none
+    /// on host memory, where each block costs more than it carries.
+    pub(crate) spread_blocks: Option<u32>,
     pub(crate) algorithm: Cell<Option<Algorithm>>,
     pub(crate) capabilities: Capabilities,
     pub(crate) registry: Arc<Registry>,
@@ -71,6 +74,7 @@ impl fmt::Debug for PeerComm {
             .field("config", &self.config)
             .field("layout", &self.layout)
             .field("max_blocks", &self.max_blocks)
+            .field("spread_blocks", &self.spread_blocks)
             .finish_non_exhaustive()
     }
 }
@@ -148,6 +152,11 @@ impl PeerComm {
             .max_blocks
             .unwrap_or(default_blocks)
             .clamp(1, MAX_BLOCKS);
+        // Where ranks share a device, a launch starts early only up to the overlap bound.
+        let spread_blocks = (!memory.host_memory()).then(|| match memory.sharing() {
+            1 => max_blocks,
+            sharing => max_blocks.min(overlap_bound(sms, sharing).max(1)),
+        });
         let timeout = config.timeout.unwrap_or_else(|| bootstrap.timeout());
         Ok(PeerComm {
             name,
@@ -163,6 +172,7 @@ impl PeerComm {
             layout,
             max_blocks,
             items_per_thread,
+            spread_blocks,
         })
     }
 
