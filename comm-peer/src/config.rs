@@ -46,7 +46,9 @@ pub struct PeerConfig {
     /// a device, its SMs divided by those ranks (all their blocks must be resident at once),
     /// at most 36; 8 where the regions are host memory.
     pub max_blocks: Option<u32>,
-    /// Threads per block (a multiple of 32, at most 512).
+    /// Threads per block (a multiple of 32, at most 512). Small one-shot all-reduces on
+    /// device memory take fewer (128 or 256, never more than this) and more blocks, so
+    /// that each SM has fewer warps to run after the wait.
     pub threads: u32,
 }
 
