@@ -124,7 +124,7 @@ impl GpuComm {
             ),
         };
         format!(
-            "{memory}, {} ranks share a device, {} blocks max, {} threads",
+            "{memory}, {} ranks share a device, {} blocks max, {} threads per block max",
             p.group().sharing(),
             p.max_blocks(),
             p.config().threads
