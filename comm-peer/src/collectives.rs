@@ -48,6 +48,16 @@ impl PeerComm {
         )
     }
 
+    /// An all-reduce's grid: a one-shot's spreads a small message over more SMs.
+    fn all_reduce_grid(&self, algorithm: Algorithm, work: usize) -> (u32, u32) {
+        match (algorithm, self.spread_blocks) {
+            (Algorithm::OneshotPush | Algorithm::OneshotPull, Some(spread)) => {
+                spread_grid(work, self.config.threads, spread, self.max_blocks)
+            }
+            _ => self.grid(work),
+        }
+    }
+
     fn plan(&self, bytes: usize, send: u64, in_place: bool) -> Plan {
         let algorithm = self.algorithm_for(bytes);
         // An input in a registered buffer is read where it lies by the pull algorithms
@@ -154,12 +164,7 @@ impl PeerComm {
                 count.min(part / call.dtype.size()),
                 world,
             );
-            let grid = match (plan.algorithm, self.spread_blocks) {
-                (Algorithm::OneshotPush | Algorithm::OneshotPull, Some(spread)) => {
-                    spread_grid(work, self.config.threads, spread, self.max_blocks)
-                }
-                _ => self.grid(work),
-            };
+            let grid = self.all_reduce_grid(plan.algorithm, work);
             self.group.launch(kernel, grid, stream, &args)?;
         }
         Ok(())
