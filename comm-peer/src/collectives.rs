@@ -11,7 +11,8 @@ use crate::algorithm::Algorithm;
 use crate::chunks::{Cut, twoshot_part};
 use crate::comm::PeerComm;
 use crate::kernels::{
-    PeerArgs, all_reduce_kernel, all_reduce_work, blocks, reduce_scatter_kernel, spread_grid,
+    PeerArgs, all_reduce_kernel, all_reduce_work, blocks, by_block_size, reduce_scatter_kernel,
+    spread_grid,
 };
 use crate::scratch::Rows;
 
@@ -52,7 +53,8 @@ impl PeerComm {
     fn all_reduce_grid(&self, algorithm: Algorithm, work: usize) -> (u32, u32) {
         match (algorithm, self.spread_blocks) {
             (Algorithm::OneshotPush | Algorithm::OneshotPull, Some(spread)) => {
-                spread_grid(work, self.config.threads, spread, self.max_blocks)
+                let most = |threads| by_block_size(spread, threads);
+                spread_grid(work, self.config.threads, most, self.max_blocks)
             }
             _ => self.grid(work),
         }

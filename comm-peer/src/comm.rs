@@ -20,7 +20,7 @@ use crate::calls::{self, CallWords};
 use crate::config::PeerConfig;
 use crate::copies::Copies;
 use crate::group::{PeerGroup, Ready};
-use crate::kernels::{DTYPES, OPS, PeerArgs, default_grid, overlap_bound};
+use crate::kernels::{BLOCK_SIZES, DTYPES, OPS, PeerArgs, Residency, default_grid};
 use crate::layout::{Layout, MAX_BLOCKS, MAX_THREADS};
 use crate::registered::Registered;
 use crate::scratch::Scratch;
@@ -53,9 +53,10 @@ pub struct PeerComm {
     pub(crate) max_blocks: u32,
     /// Work items each thread takes on before the grid grows (more where blocks are dear).
     pub(crate) items_per_thread: usize,
-    /// Most blocks a small one-shot all-reduce spreads over (`kernels::spread_grid`); none
-    /// on host memory, where each block costs more than it carries.
-    pub(crate) spread_blocks: Option<u32>,
+    /// Most blocks a small one-shot all-reduce spreads over (`kernels::spread_grid`), for
+    /// blocks of each of `kernels::BLOCK_SIZES` threads; none on host memory, where each
+    /// block costs more than it carries.
+    pub(crate) spread_blocks: Option<[u32; 3]>,
     pub(crate) algorithm: Cell<Option<Algorithm>>,
     pub(crate) capabilities: Capabilities,
     pub(crate) registry: Arc<Registry>,
@@ -115,7 +116,7 @@ impl PeerComm {
         );
         let local = prepare(device, world, &config, &layout);
         let mut msg = match &local {
-            Ok(prepared) => [&[1u8][..], &prepared.sms.to_le_bytes()].concat(),
+            Ok(prepared) => [&[1u8][..], &prepared.residency.to_bytes()].concat(),
             Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
         };
         msg.extend_from_slice(format!("{config:?} {extra}").as_bytes());
@@ -125,37 +126,42 @@ impl PeerComm {
             barrier_stream,
             scratch,
             copies,
+            mut residency,
             ..
         } = local?;
-        let mut sms = u32::MAX;
+        // The first byte says whether the rank is ready, the residency of its kernels
+        // follows, then its configuration.
+        const CONFIG: usize = 1 + Residency::BYTES;
         for (rank, m) in all.iter().enumerate() {
-            if m.first() != Some(&1) || m.len() < 5 {
+            if m.first() != Some(&1) || m.len() < CONFIG {
                 return Err(Error::Bootstrap(format!(
                     "rank {rank} cannot join the {name} communicator: {}",
                     String::from_utf8_lossy(m.get(1..).unwrap_or_default())
                 )));
             }
-            if m[5..] != msg[5..] {
+            if m[CONFIG..] != msg[CONFIG..] {
                 return Err(Error::Mismatch(format!(
                     "{name}: rank {rank} has another configuration: {} (rank {}: {})",
-                    String::from_utf8_lossy(&m[5..]),
+                    String::from_utf8_lossy(&m[CONFIG..]),
                     bootstrap.rank(),
-                    String::from_utf8_lossy(&msg[5..]),
+                    String::from_utf8_lossy(&msg[CONFIG..]),
                 )));
             }
-            sms = sms.min(u32::from_le_bytes(m[1..5].try_into().unwrap()));
+            let theirs = Residency::from_bytes(m[1..CONFIG].try_into().unwrap());
+            residency = residency.min(theirs);
         }
         let memory = source(&ready, &layout)?;
         let (default_blocks, items_per_thread) =
-            default_grid(sms, memory.sharing(), memory.host_memory());
+            default_grid(residency.sms, memory.sharing(), memory.host_memory());
         let max_blocks = config
             .max_blocks
             .unwrap_or(default_blocks)
             .clamp(1, MAX_BLOCKS);
-        // Where ranks share a device, a launch starts early only up to the overlap bound.
         let spread_blocks = (!memory.host_memory()).then(|| match memory.sharing() {
-            1 => max_blocks,
-            sharing => max_blocks.min(overlap_bound(sms, sharing).max(1)),
+            1 => [max_blocks; 3],
+            // Where ranks share a device, no more blocks than start early beside theirs.
+            sharing => BLOCK_SIZES
+                .map(|threads| max_blocks.min(residency.early_bound(threads, sharing).max(1))),
         });
         let timeout = config.timeout.unwrap_or_else(|| bootstrap.timeout());
         Ok(PeerComm {
@@ -492,8 +498,8 @@ pub fn refuse_join(bootstrap: &dyn Bootstrap, e: Error) -> Error {
 /// through the first exchange.
 struct Prepared {
     ready: Ready,
-    /// The device's multiprocessors.
-    sms: u32,
+    /// How many blocks of the kernels the device holds at once.
+    residency: Residency,
     barrier_stream: Arc<CudaStream>,
     scratch: Scratch,
     copies: Copies,
@@ -508,13 +514,13 @@ fn prepare(device: usize, world: usize, config: &PeerConfig, layout: &Layout) ->
     }
     let ctx = probe::context(device)?;
     let ready = Ready::new(&ctx, world)?;
-    let sms = ready.sms();
+    let residency = ready.residency();
     let barrier_stream = ctx.new_stream().map_err(driver_error)?;
     let scratch = Scratch::new(&barrier_stream, layout.cap)?;
-    let copies = Copies::new(&ctx, &barrier_stream, layout, sms)?;
+    let copies = Copies::new(&ctx, &barrier_stream, layout, residency.sms)?;
     Ok(Prepared {
         ready,
-        sms,
+        residency,
         barrier_stream,
         scratch,
         copies,

@@ -12,7 +12,7 @@ use comm_core::cuda::stream::{poll_until, wait_stream};
 use comm_core::cuda::{DeviceBuffer, driver_error, probe};
 use comm_core::{Error, RawStream, Result};
 
-use crate::kernels::{Kernels, PeerArgs};
+use crate::kernels::{Kernels, PeerArgs, Residency};
 use crate::layout::{ALL_CHANNELS, CHANNELS, HEADER_BYTES, MAX_RANKS, STATE_BYTES};
 use crate::progress;
 use crate::source::PeerSource;
@@ -58,9 +58,9 @@ impl Ready {
         &self.ctx
     }
 
-    /// The device's multiprocessors.
-    pub fn sms(&self) -> u32 {
-        self.kernels.sms()
+    /// How many blocks of the kernels the device holds at once.
+    pub(crate) fn residency(&self) -> Residency {
+        self.kernels.residency()
     }
 }
 
