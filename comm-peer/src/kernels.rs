@@ -273,19 +273,21 @@ enum Overlap {
     Always,
     /// `sharing` ranks share the device. A kernel started early stays resident while it
     /// waits, and holds room that a peer's kernel, which this rank's current one waits for,
-    /// may need. So a launch starts early only when it and the launch before it (`last`:
-    /// blocks, threads per block) are both small: see [`Residency::early_bound`].
+    /// may need. So a launch starts early only when it and the kernel it would overlap are
+    /// both small (see [`Residency::early_bound`]): `last` is this rank's previous launch
+    /// (stream, blocks, threads per block), and after a launch on another stream the kernel
+    /// before this one on its own stream is not known, so it does not start early.
     Bounded {
         residency: Residency,
         sharing: usize,
-        last: Cell<(u32, u32)>,
+        last: Cell<Option<(RawStream, u32, u32)>>,
     },
 }
 
 impl Overlap {
-    /// Whether the next launch, of `blocks` blocks of `threads` threads, may start early (it
-    /// is noted as the previous launch of the next question).
-    fn admits(&self, blocks: u32, threads: u32) -> bool {
+    /// Whether the next launch, of `blocks` blocks of `threads` threads on `stream`, may
+    /// start early (it is noted as the previous launch of the next question).
+    fn admits(&self, stream: RawStream, blocks: u32, threads: u32) -> bool {
         match self {
             Overlap::Never => false,
             Overlap::Always => true,
@@ -294,10 +296,16 @@ impl Overlap {
                 sharing,
                 last,
             } => {
-                let (last_blocks, last_threads) = last.replace((blocks, threads));
+                let Some((last_stream, last_blocks, last_threads)) =
+                    last.replace(Some((stream, blocks, threads)))
+                else {
+                    return false;
+                };
                 let within = |most: u32| blocks <= most && last_blocks <= most;
-                within(residency.whole_sm_bound(*sharing))
-                    || (threads == last_threads && within(residency.early_bound(threads, *sharing)))
+                last_stream == stream
+                    && (within(residency.whole_sm_bound(*sharing))
+                        || (threads == last_threads
+                            && within(residency.early_bound(threads, *sharing))))
             }
         }
     }
@@ -463,7 +471,7 @@ impl Kernels {
             self.overlap = Overlap::Bounded {
                 residency: self.residency,
                 sharing,
-                last: Cell::new((u32::MAX, 0)),
+                last: Cell::new(None),
             };
         }
         self
@@ -488,7 +496,7 @@ impl Kernels {
         self.ctx.bind_to_thread().map_err(driver_error)?;
         let mut args = *args;
         let mut params = [&mut args as *mut PeerArgs as *mut c_void];
-        if !self.overlap.admits(blocks, threads) {
+        if !self.overlap.admits(stream, blocks, threads) {
             // SAFETY: the function comes from a module loaded into this context; its one
             // parameter is `PeerArgs`, which `PeerArgs` here mirrors (#[repr(C)]); the
             // driver copies the parameter before returning.
@@ -584,6 +592,8 @@ mod tests {
         assert_eq!(std::mem::align_of::<PeerArgs>(), 8);
     }
 
+    const STREAM: RawStream = RawStream(0x1000);
+
     /// An H200's 132 SMs, where each kernel fits 4 blocks of 128 threads, 2 of 256, 1 of 512.
     const H200: Residency = Residency {
         sms: 132,
@@ -601,14 +611,22 @@ mod tests {
         let bounded = Overlap::Bounded {
             residency: H200,
             sharing: 8,
-            last: Cell::new((u32::MAX, 0)),
+            last: Cell::new(None),
         };
         // Not the first launch (whatever ran before is unknown), then small after small,
         // never a large one, nor a small one right after a large one.
-        let admitted: Vec<bool> = [6, 6, 6, 16, 6, 6].map(|b| bounded.admits(b, 512)).to_vec();
+        let admitted: Vec<bool> = [6, 6, 6, 16, 6, 6]
+            .map(|b| bounded.admits(STREAM, b, 512))
+            .to_vec();
         assert_eq!(admitted, [false, true, true, false, false, true]);
-        assert!(Overlap::Always.admits(128, 512));
-        assert!(!Overlap::Never.admits(1, 128));
+        // After a launch on another stream, the kernel this one would overlap is unknown.
+        let other = RawStream(STREAM.0 + 1);
+        let admitted: Vec<bool> = [(other, 1), (STREAM, 6), (STREAM, 6)]
+            .map(|(s, b)| bounded.admits(s, b, 512))
+            .to_vec();
+        assert_eq!(admitted, [false, false, true]);
+        assert!(Overlap::Always.admits(STREAM, 128, 512));
+        assert!(!Overlap::Never.admits(STREAM, 1, 128));
     }
 
     #[test]
@@ -625,7 +643,7 @@ mod tests {
         let bounded = Overlap::Bounded {
             residency: H200,
             sharing: 8,
-            last: Cell::new((u32::MAX, 0)),
+            last: Cell::new(None),
         };
         let admitted: Vec<bool> = [
             (21, 128),
@@ -639,7 +657,7 @@ mod tests {
             (6, 128),  // another size, both within 8 whole SMs
             (21, 128),
         ]
-        .map(|(b, t)| bounded.admits(b, t))
+        .map(|(b, t)| bounded.admits(STREAM, b, t))
         .to_vec();
         assert_eq!(
             admitted,
