@@ -10,10 +10,8 @@ use comm_core::{BufferMut, BufferRef, CallDescriptor, RawStream, ReduceOp, Resul
 use crate::algorithm::Algorithm;
 use crate::chunks::{Cut, twoshot_part};
 use crate::comm::PeerComm;
-use crate::kernels::{
-    PeerArgs, all_reduce_kernel, all_reduce_work, blocks, by_block_size, reduce_scatter_kernel,
-    spread_grid,
-};
+use crate::grid::{all_reduce_work, blocks, by_block_size, spread_grid};
+use crate::kernels::{PeerArgs, all_reduce_kernel, reduce_scatter_kernel};
 use crate::scratch::Rows;
 
 /// How one all-reduce runs, decided by each rank and compared when validating.

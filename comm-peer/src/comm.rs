@@ -19,10 +19,12 @@ use crate::algorithm::{Algorithm, Memory, parse_choice};
 use crate::calls::{self, CallWords};
 use crate::config::PeerConfig;
 use crate::copies::Copies;
+use crate::grid::{BLOCK_SIZES, default_grid};
 use crate::group::{PeerGroup, Ready};
-use crate::kernels::{BLOCK_SIZES, DTYPES, OPS, PeerArgs, Residency, default_grid};
+use crate::kernels::{DTYPES, OPS, PeerArgs};
 use crate::layout::{Layout, MAX_BLOCKS, MAX_THREADS};
 use crate::registered::Registered;
+use crate::residency::Residency;
 use crate::scratch::Scratch;
 use crate::source::PeerSource;
 use crate::zero_copy::{PeerBuffer, Registry};
@@ -53,8 +55,8 @@ pub struct PeerComm {
     pub(crate) max_blocks: u32,
     /// Work items each thread takes on before the grid grows (more where blocks are dear).
     pub(crate) items_per_thread: usize,
-    /// Most blocks a small one-shot all-reduce spreads over (`kernels::spread_grid`), for
-    /// blocks of each of `kernels::BLOCK_SIZES` threads; none on host memory, where each
+    /// Most blocks a small one-shot all-reduce spreads over (`grid::spread_grid`), for
+    /// blocks of each of `grid::BLOCK_SIZES` threads; none on host memory, where each
     /// block costs more than it carries.
     pub(crate) spread_blocks: Option<[u32; 3]>,
     pub(crate) algorithm: Cell<Option<Algorithm>>,

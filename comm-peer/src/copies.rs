@@ -31,7 +31,8 @@ use comm_core::{Error, RawStream, Result};
 use crate::algorithm::Algorithm;
 use crate::chunks::{COPY_SLOTS, Cut, copy_slot};
 use crate::comm::{Agreed, PeerComm};
-use crate::kernels::{PeerArgs, all_reduce_kernel, all_reduce_work, blocks};
+use crate::grid::{all_reduce_work, blocks};
+use crate::kernels::{PeerArgs, all_reduce_kernel};
 use crate::layout::{Layout, MAX_BLOCKS};
 
 /// The communicator's own channel on which every rank says its part is staged.

@@ -12,9 +12,10 @@ use comm_core::cuda::stream::{poll_until, wait_stream};
 use comm_core::cuda::{DeviceBuffer, driver_error, probe};
 use comm_core::{Error, RawStream, Result};
 
-use crate::kernels::{Kernels, PeerArgs, Residency};
+use crate::kernels::{Kernels, PeerArgs};
 use crate::layout::{ALL_CHANNELS, CHANNELS, HEADER_BYTES, MAX_RANKS, STATE_BYTES};
 use crate::progress;
+use crate::residency::Residency;
 use crate::source::PeerSource;
 use crate::status::Status;
 use crate::trace::Trace;
