@@ -211,7 +211,7 @@ impl Kernels {
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_error)?;
-        let residency = Residency::of(sms.max(1) as u32, functions.values())?;
+        let residency = Residency::of(u32::try_from(sms).unwrap_or(1), functions.values())?;
         Ok(Kernels {
             ctx: ctx.clone(),
             functions,

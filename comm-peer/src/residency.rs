@@ -186,17 +186,16 @@ impl Residency {
     /// only [`Self::whole_sm_bound`] holds, since blocks of one size can sit on every SM and
     /// leave no room for a larger one.
     pub(crate) fn early_bound(&self, threads: u32, sharing: usize) -> u32 {
-        let sharing = u32::try_from(sharing).unwrap_or(u32::MAX).max(1);
-        self.blocks(threads) / (2 * sharing - 1)
+        overlap_bound(self.blocks(threads), sharing)
     }
 }
 
-/// The largest grid whose launches may start early where `sharing` ranks share a device of
-/// `sms` multiprocessors, each block counted as an SM: `(sharing - 1) 2 b + b <= sms` (see
-/// [`Residency::early_bound`]).
-pub(crate) fn overlap_bound(sms: u32, sharing: usize) -> u32 {
+/// The largest grid whose launches may start early where `sharing` ranks share a device
+/// that holds `slots` blocks at once: `(sharing - 1) 2 b + b <= slots` (see
+/// [`Residency::early_bound`]). With each block counted as an SM, `slots` is the SMs.
+pub(crate) fn overlap_bound(slots: u32, sharing: usize) -> u32 {
     let sharing = u32::try_from(sharing).unwrap_or(u32::MAX).max(1);
-    sms / (2 * sharing - 1)
+    slots / sharing.saturating_mul(2).saturating_sub(1)
 }
 
 #[cfg(test)]
