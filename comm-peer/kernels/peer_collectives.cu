@@ -405,42 +405,112 @@ extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS) peer_broadcast(Pe
 // ---------------------------------------------------------------------------------------
 // Fused all-reduce + residual add + RMSNorm, bf16 rows of `hidden` (a multiple of 8;
 // 16-byte aligned buffers): a = allreduce(x) rounded to bf16, residual' = bf16(residual +
-// a) (written back), out = bf16(residual' * rsqrt(mean(residual'^2) + eps) * weight):
-// exactly the unfused pipeline (all-reduce, then fused_add_rms_norm). Rows b, b + grid, ...
-// belong to block b on every rank; the exchange is oneshot-push, oneshot-pull, or - where
-// every rank's region is one device's memory - the one-shot local exchange (each rank writes
-// its own slot once and reads its peers', as peer_oneshot_lamport<LOCAL>). The row's sum of
-// squares is comm-core's block sum, which the examples' unfused add + RMSNorm uses too.
+// a) (written back), out = bf16(residual' * rsqrt(mean(residual'^2) + eps) * weight), as
+// the unfused pipeline (all-reduce, then fused_add_rms_norm) computes it. The exchange is
+// oneshot-push, oneshot-pull, or - where every rank's region is one device's memory - the
+// one-shot local exchange (each rank writes its own slot once and reads its peers', as
+// peer_oneshot_lamport<LOCAL>).
+// - Rows are cut into `parts` (PeerRows): the host launches either rows x parts blocks,
+//   block b taking part b % parts of row b / parts, one vector per thread; or at most a
+//   block per row (parts = 1), block b taking rows b, b + grid, ... The same on every rank.
+// - A block sums the squares of its vectors with comm-core's block sum (with one part, the
+//   row's sum exactly as the examples' unfused add + RMSNorm computes it). The parts of a
+//   row add theirs through PeerState.row_sums, in part order, so every rank gets the same
+//   bits (the normalised output may differ from the unfused kernel's by a rounding). A part
+//   waits for the other blocks of its own launch there: like the exchange's waits for the
+//   peers' blocks, that needs every block resident, which the host's grid keeps.
 #include "comm_reduce.cuh"
 
-// One row after the exchange: `reduced(j)` gives vector j of allreduce(x) (bf16 bits).
+struct PeerRows {
+    uint64_t rows, rvec;  // rows, and 16-byte vectors per row
+    uint32_t parts;       // blocks per row
+    uint64_t row0, rows_step;  // this block's first row, and the step to its next
+    uint64_t j0, j_step;       // this thread's first vector of a row, and the step to its next
+};
+
+__device__ __forceinline__ PeerRows peer_rows(const PeerArgs& a) {
+    PeerRows r;
+    r.rvec = a.hidden / 8;
+    r.rows = a.count / a.hidden;
+    r.parts = gridDim.x > r.rows ? gridDim.x / (uint32_t)r.rows : 1u;
+    r.row0 = blockIdx.x / r.parts;
+    r.rows_step = gridDim.x / r.parts;
+    r.j0 = (uint64_t)(blockIdx.x % r.parts) * blockDim.x + threadIdx.x;
+    r.j_step = (uint64_t)r.parts * blockDim.x;
+    return r;
+}
+
+// A row's sum of squares from this block's part (`mine`, the same in every thread): each
+// part's is published tagged with the call, then read from every block of the row in part
+// order. False (and *c.dead) when the wait gave up.
+__device__ __forceinline__ bool peer_row_sum(const PeerArgs& a, const PeerCtx& c, const PeerRows& r, float mine,
+                                             float* total) {
+    __shared__ float s_part[PEER_MAX_BLOCKS];
+    const uint64_t tag = (uint64_t)(c.seq + 1u) << 32;
+    const uint32_t first = blockIdx.x - blockIdx.x % r.parts, q = threadIdx.x;
+    if (q == 0) {
+        const uint64_t word = tag | __float_as_uint(mine);
+        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(&c.state->row_sums[blockIdx.x]), "l"(word) : "memory");
+    }
+    if (q < r.parts) {
+        float got = mine;
+        if (first + q != blockIdx.x) {
+            const uint64_t* slot = &c.state->row_sums[first + q];
+            const uint64_t start = peer_now();
+            uint32_t spins = 0;
+            while (true) {
+                uint64_t word;
+                asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(word) : "l"(slot) : "memory");
+                if ((word & ~0xffffffffull) == tag) {
+                    got = __uint_as_float((uint32_t)word);
+                    break;
+                }
+                if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_BARRIER, 2, a.rank)) break;
+            }
+        }
+        s_part[q] = got;
+    }
+    __syncthreads();
+    float sum = 0.0f;
+    for (uint32_t i = 0; i < r.parts; ++i) sum += s_part[i];
+    *total = sum;
+    __syncthreads();  // s_part is read before any thread's next row writes it
+    return !*c.dead;
+}
+
+// This block's part of one row after the exchange: `reduced(j)` gives vector j of
+// allreduce(x) (bf16 bits). False when a wait gave up (nothing more is written).
 template <typename Reduced>
-__device__ __forceinline__ void peer_norm_row(const PeerArgs& a, uint64_t row, uint64_t rvec, Reduced reduced) {
-    uint4* res = reinterpret_cast<uint4*>(a.residual) + row * rvec;
-    uint4* out = reinterpret_cast<uint4*>(a.output) + row * rvec;
+__device__ __forceinline__ bool peer_norm_row(const PeerArgs& a, const PeerCtx& c, const PeerRows& r, uint64_t row,
+                                              Reduced reduced) {
+    uint4* res = reinterpret_cast<uint4*>(a.residual) + row * r.rvec;
+    uint4* out = reinterpret_cast<uint4*>(a.output) + row * r.rvec;
     const uint4* wt = reinterpret_cast<const uint4*>(a.weight);
     float sumsq = 0.0f;
-    for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x) {
-        float s[8], r[8];
+    for (uint64_t j = r.j0; j < r.rvec; j += r.j_step) {
+        float s[8], x[8];
         peer_unpack<COMM_BF16>(reduced(j), s);  // the all-reduce's bf16 result
-        peer_unpack<COMM_BF16>(res[j], r);
+        peer_unpack<COMM_BF16>(res[j], x);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) r[e] = r[e] + s[e];
-        const uint4 h = peer_pack<COMM_BF16>(r);
+        for (int e = 0; e < 8; ++e) x[e] = x[e] + s[e];
+        const uint4 h = peer_pack<COMM_BF16>(x);
         res[j] = h;
-        peer_unpack<COMM_BF16>(h, r);  // the rounded residual is what gets normalised
+        peer_unpack<COMM_BF16>(h, x);  // the rounded residual is what gets normalised
 #pragma unroll
-        for (int e = 0; e < 8; ++e) sumsq += r[e] * r[e];
+        for (int e = 0; e < 8; ++e) sumsq += x[e] * x[e];
     }
-    const float scale = rsqrtf(comm_block_sum<PEER_MAX_THREADS>(sumsq) / (float)a.hidden + a.eps);
-    for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x) {
-        float r[8], w[8];
-        peer_unpack<COMM_BF16>(res[j], r);  // this thread's own store above
+    float total = comm_block_sum<PEER_MAX_THREADS>(sumsq);
+    if (r.parts > 1 && !peer_row_sum(a, c, r, total, &total)) return false;
+    const float scale = rsqrtf(total / (float)a.hidden + a.eps);
+    for (uint64_t j = r.j0; j < r.rvec; j += r.j_step) {
+        float x[8], w[8];
+        peer_unpack<COMM_BF16>(res[j], x);  // this thread's own store above
         peer_unpack<COMM_BF16>(wt[j], w);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) r[e] = r[e] * scale * w[e];
-        out[j] = peer_pack<COMM_BF16>(r);
+        for (int e = 0; e < 8; ++e) x[e] = x[e] * scale * w[e];
+        out[j] = peer_pack<COMM_BF16>(x);
     }
+    return true;
 }
 
 // The Lamport half of the fused op once this rank's rows are out: wait for every peer's
@@ -449,11 +519,10 @@ __device__ __forceinline__ void peer_norm_row(const PeerArgs& a, uint64_t row, u
 // reduced at once (r0: four registers where the ranks' vectors would hold 32 through the
 // rows, and spill), which the row's first pass then takes.
 template <typename Box>
-__device__ __forceinline__ void peer_norm_arrivals(const PeerArgs& a, const PeerCtx& c, Box box, uint64_t rows,
-                                                   uint64_t rvec) {
+__device__ __forceinline__ void peer_norm_arrivals(const PeerArgs& a, const PeerCtx& c, Box box, const PeerRows& r) {
     const uint4* in = reinterpret_cast<const uint4*>(a.input);
-    const uint64_t row0 = blockIdx.x, j0 = threadIdx.x, v0 = row0 * rvec + j0;
-    const bool have = row0 < rows && j0 < rvec;
+    const uint64_t v0 = r.row0 * r.rvec + r.j0;
+    const bool have = r.row0 < r.rows && r.j0 < r.rvec;
     const uint4 own0 = have ? peer_sanitize<COMM_BF16>(in[v0]) : uint4{};
     uint4 r0;
     bool agreed;
@@ -462,30 +531,31 @@ __device__ __forceinline__ void peer_norm_arrivals(const PeerArgs& a, const Peer
         agreed = peer_poll_agreeing<COMM_BF16>(a, c, box, have, own0, v0, w0);
         r0 = have ? peer_reduce<COMM_BF16, COMM_SUM>(a, w0) : uint4{};
     }
-    for (uint64_t row = blockIdx.x; agreed && row < rows; row += gridDim.x) {
-        peer_norm_row(a, row, rvec, [&](uint64_t j) {
-            const uint64_t v = row * rvec + j;
+    for (uint64_t row = r.row0; agreed && row < r.rows; row += r.rows_step) {
+        const bool done = peer_norm_row(a, c, r, row, [&](uint64_t j) {
+            const uint64_t v = row * r.rvec + j;
             if (v == v0 && have) return r0;
             uint4 w[PEER_MAX_RANKS];
             peer_poll<COMM_BF16>(a, c, box, a.rank, peer_sanitize<COMM_BF16>(in[v]), v, w, 0);
             return peer_reduce<COMM_BF16, COMM_SUM>(a, w);
         });
-        if (*c.dead) break;  // uniform: read after the block sum's barriers
+        if (!done || *c.dead) break;  // uniform: read after the block sum's barriers
     }
 }
 
 template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
     PEER_PROLOGUE(a, c)
     peer_publish_call(a, c);
-    const uint64_t rvec = a.hidden / 8, rows = a.count / a.hidden, nvec = rows * rvec;
+    const PeerRows r = peer_rows(a);
+    const uint64_t nvec = r.rows * r.rvec;
     const uint4* in = reinterpret_cast<const uint4*>(a.input);
     constexpr bool lamport = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL;
     if constexpr (lamport) {
         const uint64_t slot0 = a.off_push + (uint64_t)(c.seq % 3u) * a.world * a.lcap;
         uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + slot0 + a.rank * a.lcap);
-        for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x)
-            for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x) {
-                const uint64_t v = row * rvec + j;
+        for (uint64_t row = r.row0; row < r.rows; row += r.rows_step)
+            for (uint64_t j = r.j0; j < r.rvec; j += r.j_step) {
+                const uint64_t v = row * r.rvec + j;
                 const uint4 w = peer_sanitize<COMM_BF16>(in[v]);
                 if constexpr (ALGO == PEER_ONESHOT_LOCAL) peer_st_volatile(mine + v, w);
                 else peer_push(a, c, slot0, a.lcap, v, w);
@@ -498,17 +568,19 @@ template <int ALGO> __device__ void peer_fused_rmsnorm(const PeerArgs& a) {
         const uint32_t t = threadIdx.x;
         if (t < a.world) s_slot[t] = c.region[ALGO == PEER_ONESHOT_LOCAL ? t : a.rank] + slot0 + t * a.lcap;
         __syncthreads();
-        peer_norm_arrivals(a, c, [](uint32_t p) { return s_slot[p]; }, rows, rvec);
+        peer_norm_arrivals(a, c, [](uint32_t p) { return s_slot[p]; }, r);
     } else {
         const uint64_t half = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
         uint4* mine = reinterpret_cast<uint4*>(c.region[a.rank] + half);
-        for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x)
-            for (uint64_t j = threadIdx.x; j < rvec; j += blockDim.x) mine[row * rvec + j] = in[row * rvec + j];
+        for (uint64_t row = r.row0; row < r.rows; row += r.rows_step)
+            for (uint64_t j = r.j0; j < r.rvec; j += r.j_step) mine[row * r.rvec + j] = in[row * r.rvec + j];
         if (peer_agreeing_barrier(a, c)) {
-            for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x)
-                peer_norm_row(a, row, rvec, [&](uint64_t j) {
-                    return peer_reduce_staged<COMM_BF16, COMM_SUM>(a, c, half, row * rvec + j);
+            for (uint64_t row = r.row0; row < r.rows; row += r.rows_step) {
+                const bool done = peer_norm_row(a, c, r, row, [&](uint64_t j) {
+                    return peer_reduce_staged<COMM_BF16, COMM_SUM>(a, c, half, row * r.rvec + j);
                 });
+                if (!done) break;
+            }
         }
     }
     const uint64_t used = !lamport ? 0 : nvec * 16 | (ALGO == PEER_ONESHOT_LOCAL ? PEER_USED_OWN : 0);

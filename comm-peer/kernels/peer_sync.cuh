@@ -105,6 +105,7 @@ struct PeerState {
     uint64_t used[3][3];  // [mailbox kind][buffer]: bytes per sender slot written by that call
     uint32_t sent[PEER_CHANNELS][PEER_MAX_RANKS];  // signals sent, per channel and peer
     uint32_t seen[PEER_CHANNELS][PEER_MAX_RANKS];  // signals consumed, per channel and peer
+    uint64_t row_sums[PEER_MAX_BLOCKS];  // fused op: each block's part of its row's sum of squares, tagged
 };
 
 struct PeerTable {

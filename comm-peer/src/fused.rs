@@ -4,13 +4,16 @@ use comm_core::{BufferMut, BufferRef, CallDescriptor, DType, Error, ReduceOp, Re
 
 use crate::algorithm::Algorithm;
 use crate::comm::PeerComm;
+use crate::grid::{by_block_size, fused_grid};
 use crate::kernels::{PeerArgs, fused_rmsnorm_kernel};
 
 impl PeerComm {
     /// The fused `all_reduce + residual add + RMSNorm` (bf16, rows of `weight.len()`):
     /// `a = allreduce_sum(input)` (f32 accumulation, rounded to bf16), `residual =
     /// bf16(residual + a)`, `out = bf16(residual * rsqrt(mean(residual^2) + eps) * weight)`,
-    /// per row; exactly the unfused all-reduce followed by a fused add + RMSNorm. Lamport
+    /// per row, as the unfused all-reduce followed by a fused add + RMSNorm computes it (the
+    /// residual bit for bit; where a row is cut over several blocks, its sum of squares adds
+    /// their parts in another order, which may move the output by a rounding). Lamport
     /// exchange (one-shot push; where every rank's region is one device's memory, each rank
     /// writes only its own slot) when the message fits the mailboxes and the algorithm is
     /// `oneshot-push`, or automatic where every rank has a device of its own; else one-shot
@@ -110,12 +113,21 @@ impl PeerComm {
             call: agreed.words,
             ..self.args()
         };
-        let threads = (hidden / 8)
-            .next_multiple_of(32)
-            .clamp(32, self.config.threads as usize) as u32;
-        let blocks = rows.clamp(1, self.max_blocks as usize) as u32;
+        // Rows cut into parts as far as the spread of small one-shot all-reduces allows;
+        // on host memory (no spread) a block per row, each block costing more than it
+        // carries there.
+        let spread = |threads| {
+            self.spread_blocks
+                .map_or(0, |most| by_block_size(most, threads))
+        };
+        let grid = fused_grid(
+            rows,
+            hidden / 8,
+            self.config.threads,
+            spread,
+            self.max_blocks,
+        );
         let kernel = fused_rmsnorm_kernel(push, self.group.same_device());
-        self.group
-            .launch(kernel, (blocks, threads), agreed.stream, &args)
+        self.group.launch(kernel, grid, agreed.stream, &args)
     }
 }

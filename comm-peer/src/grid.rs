@@ -72,6 +72,38 @@ pub(crate) fn spread_grid(
     }
 }
 
+/// Grid of the fused all-reduce + residual add + RMSNorm over `rows` rows of `rvec` vectors:
+/// each row cut into parts of one vector per thread, in blocks of the fewest threads (as
+/// [`spread_grid`]) for which `rows x parts` blocks fit `spread(threads per block)`, the
+/// kernel launching exactly that many; where none fits, a block per row (at most
+/// `max_blocks`, which then take several rows each) of `threads` at most. A row in one block
+/// of 512 threads left a 42 KB layer (3 x 7168) on 3 SMs, two vectors per thread, each
+/// waited for in turn. Every rank computes the same grid (the kernel derives the parts from
+/// it).
+pub(crate) fn fused_grid(
+    rows: usize,
+    rvec: usize,
+    threads: u32,
+    spread: impl Fn(u32) -> u32,
+    max_blocks: u32,
+) -> (u32, u32) {
+    let (rows, rvec) = (rows.max(1), rvec.max(1));
+    let warps = |t: u32| (rvec.next_multiple_of(32) as u32).clamp(32, t);
+    let mut t = BLOCK_SIZES[0].min(threads).max(1);
+    loop {
+        let parts = rvec.div_ceil(t as usize);
+        // A part's thread i reads part i's sum: parts <= threads.
+        if rows * parts <= spread(t).clamp(1, MAX_BLOCKS) as usize && parts <= t as usize {
+            let t = if parts == 1 { warps(t) } else { t };
+            return ((rows * parts) as u32, t);
+        }
+        if t >= threads {
+            return (blocks(rows, 1, max_blocks), warps(threads));
+        }
+        t = (t * 2).min(threads);
+    }
+}
+
 /// Work items (16-byte vectors per thread) of an all-reduce of `count` elements.
 pub(crate) fn all_reduce_work(
     algorithm: Algorithm,
@@ -125,6 +157,57 @@ mod tests {
         // Configured blocks of fewer threads than the spread's least stay as configured.
         assert_eq!(spread_grid(2688, 64, most(128), 128), (42, 64));
         assert_eq!(spread_grid(2688, 384, most(4), 4), (4, 384));
+    }
+
+    #[test]
+    fn fused_grids_cut_rows_into_parts_of_a_vector_per_thread() {
+        let most = |n: u32| move |_: u32| n;
+        // 42 KB of bf16 as 3 rows of 7168 (896 vectors each) on a device of its own: 7 parts
+        // of 128 threads per row.
+        assert_eq!(fused_grid(3, 896, 512, most(128), 128), (21, 128));
+        // Eight ranks sharing an H200: 16 blocks of 128 or 256 threads, 8 of 512.
+        let shared = |t| by_block_size([16, 16, 8], t);
+        assert_eq!(fused_grid(3, 896, 512, shared, 16), (12, 256));
+        // 64 rows of 8192: two parts of 512 threads per row, 128 blocks.
+        assert_eq!(fused_grid(64, 1024, 512, most(128), 128), (128, 512));
+        // A row of one part keeps the warps it needs.
+        assert_eq!(fused_grid(1, 1, 512, most(128), 128), (1, 32));
+        assert_eq!(fused_grid(5, 257, 512, most(128), 128), (15, 128));
+        // Too many rows for a part each: a block per row, at most the most blocks, as before.
+        assert_eq!(fused_grid(200, 640, 512, most(128), 128), (128, 512));
+        assert_eq!(fused_grid(200, 640, 512, most(8), 16), (16, 512));
+        assert_eq!(fused_grid(3, 896, 512, most(2), 2), (2, 512));
+        assert_eq!(fused_grid(2, 4, 512, most(1), 1), (1, 32));
+        // Configured blocks of 32 threads: no more parts per row than threads.
+        assert_eq!(fused_grid(1, 2048, 32, most(128), 128), (1, 32));
+        assert_eq!(fused_grid(1, 1024, 32, most(128), 128), (32, 32));
+    }
+
+    /// What the fused kernel assumes of its grid (`peer_rows`): either at most a block per
+    /// row, or exactly `rows x parts` blocks whose parts cover a row with one vector per
+    /// thread, no more parts than threads.
+    #[test]
+    fn fused_grids_are_what_the_kernel_derives_its_parts_from() {
+        for rows in [1usize, 2, 3, 7, 64, 200, 1000] {
+            for rvec in [1usize, 31, 32, 257, 896, 1024, 4096] {
+                for (threads, most, max_blocks) in
+                    [(512, 128, 128), (512, 16, 16), (256, 36, 36), (64, 8, 8)]
+                {
+                    let (blocks, t) = fused_grid(rows, rvec, threads, |_| most, max_blocks);
+                    let case = format!("{rows} x {rvec}, {threads} threads, {most} blocks");
+                    assert!(t <= threads && t % 32 == 0 && blocks >= 1, "{case}");
+                    assert!(blocks <= max_blocks.max(most), "{case}");
+                    let blocks = blocks as usize;
+                    if blocks > rows {
+                        let parts = blocks / rows;
+                        assert_eq!(blocks, rows * parts, "{case}");
+                        assert!(parts <= t as usize, "{case}");
+                        assert!(parts * t as usize >= rvec, "{case}: a vector per thread");
+                        assert!((parts - 1) * (t as usize) < rvec, "{case}: no empty part");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -30,9 +30,10 @@ pub const CALLS_OFFSET: usize =
 /// `CALL_WORDS + 1` u64 (each word tagged with its call).
 pub const PAD_BYTES: usize = CALLS_OFFSET + 2 * MAX_RANKS * (CALL_WORDS + 1) * 8;
 /// Bytes of `PeerState`, this rank's own bookkeeping (MAX_BLOCKS + 2 u32, 3 x 3 u64,
-/// 2 x ALL_CHANNELS x MAX_RANKS u32), kept in device memory beside the region, not in it.
+/// 2 x ALL_CHANNELS x MAX_RANKS u32, MAX_BLOCKS u64), kept in device memory beside the
+/// region, not in it.
 pub const STATE_BYTES: usize =
-    (MAX_BLOCKS as usize + 2) * 4 + 72 + 2 * ALL_CHANNELS * MAX_RANKS * 4;
+    (MAX_BLOCKS as usize + 2) * 4 + 72 + 2 * ALL_CHANNELS * MAX_RANKS * 4 + MAX_BLOCKS as usize * 8;
 /// Bytes before the first data area (the pad, rounded up).
 pub const HEADER_BYTES: usize = 12 << 10;
 /// Lamport buffers that rotate.
