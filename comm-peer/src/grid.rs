@@ -60,15 +60,24 @@ pub(crate) fn spread_grid(
     spread: impl Fn(u32) -> u32,
     max_blocks: u32,
 ) -> (u32, u32) {
-    let fits = |t: u32| work.div_ceil(t as usize) <= spread(t) as usize;
-    let mut t = BLOCK_SIZES[0].min(threads).max(1);
-    while t < threads && !fits(t) {
-        t = (t * 2).min(threads);
+    match fewest_threads(threads, |t| work.div_ceil(t as usize) <= spread(t) as usize) {
+        Some(t) => (blocks(work, t, spread(t)), t),
+        None => (blocks(work, threads, max_blocks), threads),
     }
-    if fits(t) {
-        (blocks(work, t, spread(t)), t)
-    } else {
-        (blocks(work, threads, max_blocks), threads)
+}
+
+/// The fewest threads per block, a power of two from the least of [`BLOCK_SIZES`] up to
+/// `threads` (which ends the list, a power of two or not), for which `fits`.
+fn fewest_threads(threads: u32, fits: impl Fn(u32) -> bool) -> Option<u32> {
+    let mut t = BLOCK_SIZES[0].min(threads).max(1);
+    loop {
+        if fits(t) {
+            return Some(t);
+        }
+        if t >= threads {
+            return None;
+        }
+        t = (t * 2).min(threads);
     }
 }
 
@@ -88,19 +97,16 @@ pub(crate) fn fused_grid(
     max_blocks: u32,
 ) -> (u32, u32) {
     let (rows, rvec) = (rows.max(1), rvec.max(1));
+    let parts = |t: u32| rvec.div_ceil(t as usize);
+    // A part's thread i reads part i's sum: parts <= threads.
+    let fits = |t: u32| {
+        rows * parts(t) <= spread(t).clamp(1, MAX_BLOCKS) as usize && parts(t) <= t as usize
+    };
     let warps = |t: u32| (rvec.next_multiple_of(32) as u32).clamp(32, t);
-    let mut t = BLOCK_SIZES[0].min(threads).max(1);
-    loop {
-        let parts = rvec.div_ceil(t as usize);
-        // A part's thread i reads part i's sum: parts <= threads.
-        if rows * parts <= spread(t).clamp(1, MAX_BLOCKS) as usize && parts <= t as usize {
-            let t = if parts == 1 { warps(t) } else { t };
-            return ((rows * parts) as u32, t);
-        }
-        if t >= threads {
-            return (blocks(rows, 1, max_blocks), warps(threads));
-        }
-        t = (t * 2).min(threads);
+    match fewest_threads(threads, fits) {
+        Some(t) if parts(t) == 1 => (rows as u32, warps(t)),
+        Some(t) => ((rows * parts(t)) as u32, t),
+        None => (blocks(rows, 1, max_blocks), warps(threads)),
     }
 }
 
