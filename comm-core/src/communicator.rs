@@ -376,39 +376,3 @@ pub trait CommunicatorExt: Communicator {
 }
 
 impl<C: Communicator + ?Sized> CommunicatorExt for C {}
-
-impl<C: Communicator + ?Sized> Communicator for Box<C> {
-    fn name(&self) -> &str {
-        (**self).name()
-    }
-    fn rank(&self) -> usize {
-        (**self).rank()
-    }
-    fn world_size(&self) -> usize {
-        (**self).world_size()
-    }
-    fn capabilities(&self) -> &Capabilities {
-        (**self).capabilities()
-    }
-    fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        (**self).all_reduce(send, recv, op)
-    }
-    fn all_reduce_in_place(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        (**self).all_reduce_in_place(buf, op)
-    }
-    fn all_gather(&self, send: BufferRef<'_>, recv: BufferMut<'_>) -> Result<()> {
-        (**self).all_gather(send, recv)
-    }
-    fn reduce_scatter(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        (**self).reduce_scatter(send, recv, op)
-    }
-    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<()> {
-        (**self).broadcast(buf, root)
-    }
-    fn barrier(&self) -> Result<()> {
-        (**self).barrier()
-    }
-    fn set_algorithm(&self, algorithm: Option<&str>) -> Result<()> {
-        (**self).set_algorithm(algorithm)
-    }
-}

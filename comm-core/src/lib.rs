@@ -34,6 +34,7 @@ pub mod dtype;
 pub mod env;
 pub mod error;
 mod exchange;
+pub mod forward;
 #[cfg(feature = "mpi")]
 mod mpi_process;
 pub mod reduce;
@@ -51,4 +52,5 @@ pub use communicator::{
 };
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{BoxError, Error, Result};
+pub use forward::Forward;
 pub use half::{bf16, f16};

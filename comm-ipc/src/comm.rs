@@ -18,7 +18,12 @@ pub struct IpcComm {
     inner: PeerComm,
 }
 
-comm_peer::forward_communicator!(IpcComm, |c| &c.inner);
+impl comm_core::Forward for IpcComm {
+    type Target = PeerComm;
+    fn target(&self) -> &PeerComm {
+        &self.inner
+    }
+}
 
 impl IpcComm {
     /// Joins the communicator of every rank of `bootstrap`, on CUDA device `device`.

@@ -373,6 +373,18 @@ impl Communicator for NcclComm {
         }
         self.synchronize(stream)
     }
+
+    /// NCCL's asynchronous error (`ncclCommGetAsyncError`: a peer failed, a network
+    /// error...). An error aborts the communicator, as a failed wait does: NCCL's kernels
+    /// may be spinning for a peer that will not come.
+    fn async_error(&self) -> Result<()> {
+        self.live()?;
+        let state = self.raw.async_error();
+        if state.is_err() {
+            self.raw.abort();
+        }
+        state
+    }
 }
 
 /// `COMM_NCCL_VALIDATE` (a switch, see [`Env::switch`]; on when unset).

@@ -28,7 +28,7 @@
 //!
 //! - [`PeerComm`]: the communicator (join, per-call checks, optional host agreement,
 //!   collectives, zero-copy buffers from [`PeerComm::alloc`]); backends wrap it and
-//!   implement `Communicator` with [`forward_communicator!`].
+//!   get `Communicator` from it by implementing [`comm_core::Forward`].
 //! - [`PeerGroup`]: the ranks, kernels, status, bounded waits and signal primitives.
 //! - [`Registered`]: memory registered with every rank through CUDA IPC.
 //! - [`PeerConfig`] / [`config::Env`]: settings, and the one way to read them from the
@@ -65,6 +65,3 @@ pub use kernels::KERNELS;
 pub use registered::Registered;
 pub use source::{PeerSource, device_table, sharing, uuid};
 pub use zero_copy::PeerBuffer;
-
-#[doc(hidden)]
-pub use comm_core as __core;

@@ -83,23 +83,37 @@ pub struct CallInfo {
     pub op: Option<ReduceOp>,
     /// Bytes per rank (the send side).
     pub bytes: usize,
-    /// Device memory (true) or host memory.
-    pub device: bool,
+    /// Where the buffers live.
+    pub memory: Memory,
     /// Eager, or captured into a CUDA graph (device calls only: a host call runs when it
     /// is made).
     pub launch: Launch,
 }
 
 impl CallInfo {
-    /// An eager all-reduce of `bytes` of `dtype` with `op`.
-    pub fn all_reduce(dtype: DType, op: ReduceOp, bytes: usize, device: bool) -> Self {
+    /// An eager all-reduce of `count` elements of `dtype` with `op` in `memory`.
+    pub fn all_reduce(dtype: DType, op: ReduceOp, count: usize, memory: Memory) -> Self {
         CallInfo {
             collective: Collective::AllReduce,
             dtype,
             op: Some(op),
-            bytes,
-            device,
+            bytes: count * dtype.size(),
+            memory,
             launch: Launch::Eager,
+        }
+    }
+
+    /// The all-reduce of `buf` with `op` as it would run now: from the view's dtype,
+    /// length and memory, launched into a graph when its stream is capturing.
+    pub fn of_all_reduce(buf: &BufferRef<'_>, op: ReduceOp) -> Self {
+        let location = buf.location();
+        CallInfo {
+            collective: Collective::AllReduce,
+            dtype: buf.dtype(),
+            op: Some(op),
+            bytes: buf.len() * buf.dtype().size(),
+            memory: memory_of(&location),
+            launch: launch_of(&location),
         }
     }
 
@@ -109,7 +123,7 @@ impl CallInfo {
     }
 
     fn location(&self) -> MemoryLocation {
-        if self.device {
+        if self.memory == Memory::Device {
             MemoryLocation::Device {
                 ordinal: 0,
                 stream: comm_core::RawStream::default(),
@@ -216,7 +230,8 @@ impl fmt::Debug for SelectComm {
 impl SelectComm {
     /// Collective: builds the selector over `backends` (same names, same order on every
     /// rank). Rank 0's `options` are broadcast and used by every rank. The selector keeps
-    /// `bootstrap` (pass an `Arc` or a reference to share it) and uses it only after a
+    /// `bootstrap` for its whole life (pass an `Arc<B>` to share it with the backends, as
+    /// [`crate::auto`] does; a reference only if it is `'static`) and uses it only after a
     /// failed call, to tell a mismatch from a slow peer.
     pub fn new(
         bootstrap: impl Bootstrap + 'static,
@@ -397,7 +412,7 @@ impl SelectComm {
                 call.collective,
                 call.bytes,
                 call.dtype,
-                if call.device { "device" } else { "host" }
+                call.memory.name()
             )));
         };
         let name = |i: usize| self.backends[i].comm.name().to_string();
@@ -434,11 +449,7 @@ impl SelectComm {
                     .iter()
                     .any(|(i, ca)| name(*i) == b && ca.as_deref() == a)
             };
-            let memory = if call.device {
-                Memory::Device
-            } else {
-                Memory::Host
-            };
+            let memory = call.memory;
             let rows = table.answering(call.launch);
             let tuned = table.best(
                 call.collective,
@@ -537,7 +548,7 @@ impl SelectComm {
             dtype: call.dtype,
             op: call.op,
             bytes: call.send_bytes(),
-            device: !location.is_host(),
+            memory: memory_of(&location),
             launch: launch_of(&location),
         };
         let (member, result) = match self.route(info) {
@@ -558,6 +569,14 @@ impl SelectComm {
                 e,
             )),
         }
+    }
+}
+
+fn memory_of(location: &MemoryLocation) -> Memory {
+    if location.is_host() {
+        Memory::Host
+    } else {
+        Memory::Device
     }
 }
 
@@ -701,10 +720,17 @@ impl Communicator for SelectComm {
         })
     }
 
+    /// The first member's asynchronous error. A member that reports one is unusable, and
+    /// no member may run a later call that a peer routes elsewhere: the selector is
+    /// poisoned (every rank's member reports the same error, so every rank poisons itself).
     fn async_error(&self) -> Result<()> {
         if let Some(why) = &*self.poisoned.borrow() {
             return Err(Error::Aborted(why.clone()));
         }
-        self.backends.iter().try_for_each(|b| b.comm.async_error())
+        let found = self.backends.iter().try_for_each(|b| b.comm.async_error());
+        if let Err(e) = &found {
+            self.poison_quietly(e.to_string());
+        }
+        found
     }
 }

@@ -75,7 +75,7 @@ fn every_rank_makes_rank_zeros_choice() {
         ..SelectOptions::default()
     };
     let choices = with_select(3, options, |s| {
-        let call = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 4096, false);
+        let call = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 1024, Memory::Host);
         let mut x = vec![1.0f32; 1024];
         s.all_reduce_in_place_slice(&mut x, ReduceOp::Sum).unwrap();
         assert!(x.iter().all(|&v| v == 3.0));
@@ -95,7 +95,7 @@ fn falls_back_when_the_forced_backend_cannot_do_the_call() {
     };
     let out = with_select(2, options, |s| {
         // 2 MiB exceed the symm heap of 1 MiB: local must take it.
-        let big = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 2 << 20, false);
+        let big = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 512 << 10, Memory::Host);
         let choice = s.choose(&big).unwrap();
         let mut x = vec![0.5f32; 512 << 10];
         s.all_reduce_in_place_slice(&mut x, ReduceOp::Sum).unwrap();
@@ -127,8 +127,8 @@ fn a_tuning_table_overrides_the_cost_model() {
             .choose(&CallInfo::all_reduce(
                 DType::F32,
                 ReduceOp::Sum,
-                4000,
-                false,
+                1000,
+                Memory::Host,
             ))
             .unwrap();
         let modelled = SelectOptions::default();
@@ -179,7 +179,7 @@ fn each_launch_mode_is_routed_from_its_own_rows() {
         ..SelectOptions::default()
     };
     let out = with_select(2, options, |s| {
-        let eager = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 4000, false);
+        let eager = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 1000, Memory::Host);
         let graph = eager.with_launch(Launch::Graph);
         let choices = (s.choose(&eager).unwrap(), s.choose(&graph).unwrap());
         (choices, s.explain(&graph))
@@ -215,7 +215,7 @@ fn a_table_without_graph_rows_answers_graph_calls_from_its_eager_rows() {
         ..SelectOptions::default()
     };
     let out = with_select(2, options, |s| {
-        let graph = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 43008, false)
+        let graph = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 10752, Memory::Host)
             .with_launch(Launch::Graph);
         s.choose(&graph).unwrap()
     });
@@ -249,7 +249,7 @@ fn a_graph_call_without_a_fitting_graph_row_goes_to_the_cost_model() {
         }
     };
     let out = with_select(2, options, |s| {
-        let eager = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 43008, false);
+        let eager = CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 10752, Memory::Host);
         let graph = eager.with_launch(Launch::Graph);
         (s.choose(&eager).unwrap(), s.choose(&graph).unwrap())
     });
@@ -273,8 +273,8 @@ fn the_cost_model_picks_shared_memory_over_thread_locks_for_small_messages() {
             s.choose(&CallInfo::all_reduce(
                 DType::BF16,
                 ReduceOp::Sum,
-                43008,
-                false,
+                21504,
+                Memory::Host,
             ))
             .unwrap()
         },
@@ -291,8 +291,13 @@ fn device_memory_with_host_backends_is_unsupported_not_a_crash() {
         2,
         |_| SelectOptions::default(),
         |s| {
-            s.choose(&CallInfo::all_reduce(DType::F32, ReduceOp::Sum, 64, true))
-                .unwrap_err()
+            s.choose(&CallInfo::all_reduce(
+                DType::F32,
+                ReduceOp::Sum,
+                16,
+                Memory::Device,
+            ))
+            .unwrap_err()
         },
     );
     for e in out {
@@ -394,5 +399,29 @@ fn a_late_rank_never_gets_stale_data() {
     });
     for r in results {
         r.unwrap();
+    }
+}
+
+/// Errors of a member reach the selector's caller from every method, `async_error`
+/// included (a member's asynchronous error once looked like success through `auto`), and
+/// an asynchronous error poisons the selector.
+#[test]
+fn a_members_errors_reach_the_caller() {
+    use comm_core::conformance::forwarding::{Failing, Forwarding, check_forwarding};
+    let out = ThreadsBootstrap::create(2)
+        .into_iter()
+        .map(|b| {
+            std::thread::spawn(move || {
+                let member: Box<dyn Communicator> = Box::new(Failing::new(b.rank(), 2));
+                let s = SelectComm::new(b, vec![member], SelectOptions::default()).unwrap();
+                let forwarded = check_forwarding(&s, Forwarding::Errors);
+                (forwarded, s.barrier())
+            })
+        })
+        .collect::<Vec<_>>();
+    for h in out {
+        let (forwarded, after) = h.join().unwrap();
+        forwarded.unwrap();
+        assert!(matches!(after, Err(Error::Aborted(_))), "{after:?}");
     }
 }

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use comm_core::{Bootstrap, BufferMut, BufferRef, Capabilities, Communicator, ReduceOp, Result};
+use comm_core::{Bootstrap, Communicator, Forward, Result};
 
 use crate::algorithm::Algorithm;
 use crate::comm::HostSymmComm;
@@ -105,38 +105,11 @@ impl SymmComm {
     }
 }
 
-impl Communicator for SymmComm {
-    fn name(&self) -> &str {
-        each!(self, c => c.name())
-    }
-    fn rank(&self) -> usize {
-        each!(self, c => c.rank())
-    }
-    fn world_size(&self) -> usize {
-        each!(self, c => c.world_size())
-    }
-    fn capabilities(&self) -> &Capabilities {
-        each!(self, c => c.capabilities())
-    }
-    fn all_reduce(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        each!(self, c => c.all_reduce(send, recv, op))
-    }
-    fn all_reduce_in_place(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        each!(self, c => c.all_reduce_in_place(buf, op))
-    }
-    fn all_gather(&self, send: BufferRef<'_>, recv: BufferMut<'_>) -> Result<()> {
-        each!(self, c => c.all_gather(send, recv))
-    }
-    fn reduce_scatter(&self, send: BufferRef<'_>, recv: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        each!(self, c => c.reduce_scatter(send, recv, op))
-    }
-    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<()> {
-        each!(self, c => c.broadcast(buf, root))
-    }
-    fn barrier(&self) -> Result<()> {
-        each!(self, c => c.barrier())
-    }
-    fn set_algorithm(&self, algorithm: Option<&str>) -> Result<()> {
-        each!(self, c => c.set_algorithm(algorithm))
+/// Every method goes to the backing's communicator, `async_error` included: a CUDA heap's
+/// kernels report disagreements after the call returned.
+impl Forward for SymmComm {
+    type Target = dyn Communicator + 'static;
+    fn target(&self) -> &(dyn Communicator + 'static) {
+        each!(self, c => &**c)
     }
 }

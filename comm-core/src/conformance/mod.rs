@@ -28,6 +28,7 @@ mod agree;
 mod cases;
 mod data;
 mod errors;
+pub mod forwarding;
 mod memory;
 pub mod mpirun;
 pub mod ranks;

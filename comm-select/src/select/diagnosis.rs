@@ -95,7 +95,7 @@ impl SelectComm {
         error
     }
 
-    fn poison_quietly(&self, why: String) {
+    pub(super) fn poison_quietly(&self, why: String) {
         self.poisoned.borrow_mut().get_or_insert(why);
     }
 }

@@ -69,7 +69,12 @@ pub struct CudaSymmComm {
     segment_bytes: usize,
 }
 
-comm_peer::forward_communicator!(CudaSymmComm, |c| &c.inner);
+impl comm_core::Forward for CudaSymmComm {
+    type Target = PeerComm;
+    fn target(&self) -> &PeerComm {
+        &self.inner
+    }
+}
 
 impl CudaSymmComm {
     /// Collective: joins every rank of `bootstrap` (all on this node) on CUDA device
