@@ -14,3 +14,17 @@ pub fn driver_error(e: DriverError) -> Error {
 pub fn nvrtc_error(e: NvrtcError) -> Error {
     Error::backend("nvrtc", e)
 }
+
+/// `?` on a cudarc driver call inside code that returns the workspace's `Result`.
+impl From<DriverError> for Error {
+    fn from(e: DriverError) -> Self {
+        driver_error(e)
+    }
+}
+
+/// `?` on a cudarc NVRTC call inside code that returns the workspace's `Result`.
+impl From<NvrtcError> for Error {
+    fn from(e: NvrtcError) -> Self {
+        nvrtc_error(e)
+    }
+}

@@ -733,8 +733,12 @@ impl Run<'_> {
                 let call = comm_select::CallInfo::all_reduce(
                     self.cfg.dtype,
                     self.cfg.op,
-                    point.bytes as usize,
-                    device,
+                    point.count,
+                    if device {
+                        comm_select::Memory::Device
+                    } else {
+                        comm_select::Memory::Host
+                    },
                 )
                 .with_launch(self.launch);
                 match s.choose(&call) {

@@ -379,8 +379,12 @@ fn run_backend(ctx: &RankContext, cfg: &Config, name: &str) -> Result<(Timing, O
         let call = comm_select::CallInfo::all_reduce(
             cfg.dtype,
             comm_core::ReduceOp::Sum,
-            cfg.count * cfg.dtype.size(),
-            on_device,
+            cfg.count,
+            if on_device {
+                comm_select::Memory::Device
+            } else {
+                comm_select::Memory::Host
+            },
         )
         .with_launch(launch);
         match s.choose(&call) {

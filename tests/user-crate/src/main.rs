@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use comm_core::cuda::cudarc::driver::CudaContext;
 use comm_core::{Bootstrap, Communicator, CommunicatorExt, EnvBootstrap, ReduceOp};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -13,9 +12,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rank = bootstrap.rank() as f32;
     let got = match comm_core::cuda::device_count() {
         Ok(gpus) => {
-            let stream = CudaContext::new(bootstrap.local_rank() % gpus)?.default_stream();
+            // A stream of our own: the legacy default stream cannot be captured and is
+            // shared by every thread.
+            let stream = comm_core::cuda::context(bootstrap.local_rank() % gpus)?.new_stream()?;
             let mut x = stream.memcpy_stod(&vec![rank + 1.0; 21504])?;
             comm.all_reduce_in_place((&mut x).into(), ReduceOp::Sum)?;
+            stream.synchronize()?;
+            comm.async_error()?;
             stream.memcpy_dtov(&x)?[0]
         }
         Err(_) => {
