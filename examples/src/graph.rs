@@ -51,3 +51,23 @@ impl Drop for Capturing<'_> {
         let _ = self.end();
     }
 }
+
+/// Uploads a graph just captured on `memory`'s stream and waits for the upload (bounded by
+/// the bootstrap's timeout), then for every rank to be as far, before its first replay. A
+/// rank's replayed kernels spin for their peers; where ranks are threads sharing a GPU, a
+/// peer may still be capturing, instantiating or uploading its own graph, which can wait
+/// for the device, and so for the spinning kernels: both would wait until a timeout.
+pub fn line_up_to_launch(
+    graph: &CudaGraph,
+    memory: &comm_core::cuda::DeviceMemory,
+    ctl: &dyn comm_core::Bootstrap,
+) -> Result<()> {
+    graph.upload().map_err(driver_error)?;
+    comm_core::cuda::stream::wait_stream(
+        memory.context(),
+        memory.raw_stream(),
+        ctl.timeout(),
+        || Ok(()),
+    )?;
+    ctl.barrier()
+}

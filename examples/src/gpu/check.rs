@@ -507,6 +507,7 @@ impl Check {
             };
         }
         let graph = captured?;
+        crate::graph::line_up_to_launch(&graph, &self.memory, &*self.bootstrap)?;
         for replay in 0..3u64 {
             let a = all_inputs(DType::BF16, n, 1000 + replay, world);
             let b = all_inputs(DType::F32, n2, 2000 + replay, world);

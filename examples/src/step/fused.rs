@@ -292,6 +292,7 @@ pub fn run(layer: Layer<'_>, ctl: &dyn Bootstrap, cfg: &Config) -> Result<Timing
     ctl.barrier()?;
 
     let graph = crate::graph::capture(&stream, || step(&mut res, &mut out, &mut reduced))?;
+    crate::graph::line_up_to_launch(&graph, &memory, ctl)?;
 
     // The eager step moved the residual on; every output is NaN (0xffff) until a layer
     // writes it, so that one no layer wrote counts as wrong.

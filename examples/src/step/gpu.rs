@@ -174,6 +174,7 @@ pub fn run(comm: &dyn Communicator, ctl: &dyn Bootstrap, cfg: &Config) -> Result
     ctl.barrier()?;
 
     let graph = crate::graph::capture(&stream, || step(&mut x, &mut y))?;
+    crate::graph::line_up_to_launch(&graph, &memory, ctl)?;
 
     x.write(&init)?;
     graph.launch().map_err(driver_error)?;

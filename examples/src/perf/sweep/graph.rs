@@ -62,14 +62,8 @@ impl Run<'_> {
         Ok(graphs)
     }
 
-    /// Uploads a graph just captured, waits for the upload, then for every rank to be as
-    /// far, before its first replay: a rank's replayed kernels spin for their peers, and
-    /// where ranks are threads sharing a GPU a peer may still be capturing, instantiating
-    /// or uploading its own graph, which can wait for the device.
     fn line_up_to_launch(&self, memory: &DeviceMemory, graph: &CudaGraph) -> Result<()> {
-        graph.upload().map_err(driver_error)?;
-        self.drain(memory)?;
-        self.ctl.barrier()
+        crate::graph::line_up_to_launch(graph, memory, self.ctl)
     }
 
     /// Destroys `graphs`, whose replays this rank has drained, while no rank has work on
