@@ -277,6 +277,9 @@ impl Rank {
         let cuda = context(ordinal)?;
         let stream = cuda.new_stream().map_err(driver_error)?;
         let kernels = PatternKernels::load(&cuda)?;
+        // Ranks sharing a GPU share its context, where loading a module can wait for every
+        // kernel on the device: no rank's collective starts before every rank has loaded.
+        ctx.bootstrap().barrier()?;
         Ok(Rank {
             comm,
             ctl: ctx.bootstrap().clone(),
