@@ -19,7 +19,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use comm_core::cuda::cudarc::driver::{CudaGraph, CudaStream, sys};
-use comm_core::cuda::{DeviceBuffer, PatternKernels, context, device_count, driver_error};
+use comm_core::cuda::{
+    DeviceBuffer, DeviceMemory, PatternKernels, context, device_count, driver_error,
+};
 use comm_core::{Bootstrap, Communicator, DType, Error, ReduceOp, Result, ThreadsBootstrap};
 use comm_examples::backends::{self, RankContext, ThreadGroup};
 use comm_examples::gpu::GpuComm;
@@ -388,11 +390,8 @@ impl Rank {
         self.ctl.barrier()?;
         if calls == Calls::Graph {
             let graph = comm_examples::graph::capture(s, || enqueue(&self.comm, s, &mut p))?;
-            // Every rank's graph is uploaded before any replays: a replayed kernel spins
-            // for its peers, which on a shared GPU may still be instantiating theirs.
-            graph.upload().map_err(driver_error)?;
-            s.synchronize().map_err(driver_error)?;
-            self.ctl.barrier()?;
+            let memory = DeviceMemory::with_stream(s.clone());
+            comm_examples::graph::line_up_to_launch(&graph, &memory, &*self.ctl)?;
             graph.launch().map_err(driver_error)?;
             s.synchronize().map_err(driver_error)?;
             p.graph = Some(graph);
