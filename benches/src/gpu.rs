@@ -453,3 +453,40 @@ fn enqueue(comm: &Comm, stream: &CudaStream, p: &mut Prepared) -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_names_say_whether_ranks_share_a_gpu() {
+        let shared = Placement { ranks: 2, gpus: 1 };
+        assert_eq!(shared.sharing(), 2);
+        assert_eq!(shared.describe(), "2 ranks sharing 1 GPU");
+        let own = Placement { ranks: 4, gpus: 4 };
+        assert_eq!(own.sharing(), 1);
+        assert_eq!(own.describe(), "4 ranks on 4 GPUs");
+    }
+
+    #[test]
+    fn ops_count_bf16_bytes() {
+        assert_eq!(Op::AllReduce { count: 21504 }.bytes(), 43008);
+        assert_eq!(
+            Op::Fused {
+                rows: 3,
+                hidden: 7168
+            }
+            .bytes(),
+            43008
+        );
+    }
+
+    #[test]
+    fn no_gpu_means_no_placement() {
+        // Where CUDA reports devices, the placement follows them; elsewhere the benches skip.
+        match device_count() {
+            Ok(n) if n > 0 => assert!(Placement::detect().is_some()),
+            _ => assert_eq!(Placement::detect(), None),
+        }
+    }
+}
