@@ -333,6 +333,9 @@ impl Rank {
         }
         let end = stream.record_event(flags).map_err(driver_error)?;
         end.synchronize().map_err(driver_error)?;
+        // What the kernels found (a call that disagreed across ranks writes nothing): an
+        // error, never a figure.
+        comm.as_dyn().async_error()?;
         let ms = start.elapsed_ms(&end).map_err(driver_error)?;
         Ok(Duration::from_secs_f64(f64::from(ms) * 1e-3))
     }
