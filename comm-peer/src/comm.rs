@@ -32,7 +32,7 @@ use crate::zero_copy::{PeerBuffer, Registry};
 /// The smallest message that goes by copies where the regions are host memory: where the
 /// copies caught up with the host-memory kernels on one H200 with two ranks (graphs, 1 MiB:
 /// 145 us both; 256 KiB: copies 84 us, kernels 60 us; 64 MiB: copies 3.9 ms, kernels
-/// 8.0 ms; BENCHMARKS.md, 2026-12-01). Not yet measured with one GPU per rank.
+/// 8.0 ms; benchmarks/history/2026-12-01.md). Not yet measured with one GPU per rank.
 pub const COPIES_FROM: usize = 1 << 20;
 
 /// One rank of a communicator over peer memory (see the crate docs).

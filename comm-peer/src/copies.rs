@@ -19,7 +19,7 @@
 //!
 //! Why: where the regions are host memory (GPUs without peer access), a kernel's loads
 //! from it are slow and take SMs, while one GPU's copy engines carry ~55 GB/s each way to
-//! host memory, both ways at once (BENCHMARKS.md, copy-probe).
+//! host memory, both ways at once (benchmarks/history/2026-12-01.md, copy-probe).
 
 use std::sync::Arc;
 

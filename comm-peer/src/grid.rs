@@ -11,9 +11,9 @@ use crate::layout::MAX_BLOCKS;
 /// a device, their share of it and at most 36 (all their blocks must be resident at once,
 /// beside whatever else runs there); on host memory mapped into the devices at most 8 blocks
 /// of 4 items per thread, since there each block costs more than it carries. Measured on
-/// 2 x H200 (BENCHMARKS.md, the grid step): one-shot push over NVLink carries ~160 GB/s with
-/// 36 blocks and ~240 GB/s with 128; through host memory 42 KB takes 20.7 us with 2 blocks
-/// and 33.9 us with 8.
+/// 2 x H200 (benchmarks/history/2026-11-30.md, the grid step): one-shot push over NVLink
+/// carries ~160 GB/s with 36 blocks and ~240 GB/s with 128; through host memory 42 KB takes
+/// 20.7 us with 2 blocks and 33.9 us with 8.
 pub(crate) fn default_grid(sms: u32, sharing: usize, host_memory: bool) -> (u32, usize) {
     if host_memory {
         (8, 4)

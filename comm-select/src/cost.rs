@@ -58,11 +58,11 @@ impl FabricParams {
     pub fn for_fabric(fabric: Fabric) -> Self {
         match fabric {
             // H100/H200 SXM: 18 NVLink4 links, ~450 GB/s per direction, NVSwitch non-blocking.
-            // Calibrated on 2 x H200 (BENCHMARKS.md, "... 128-block grids, recalibrated cost
-            // model", 2026-11-30), CUDA graphs, bf16: our one-shot push takes 3.7 us up to
-            // 42 KB and carries ~240 GB/s from 16 MiB (128 blocks); NCCL takes 5.8 us for
-            // small messages, 13.7 at 1 MiB (low-latency protocol), then 31.9 at 4 MiB .. 250
-            // at 64 MiB (bulk).
+            // Calibrated on 2 x H200 (benchmarks/history/2026-11-30.md, "... 128-block
+            // grids, recalibrated cost model"), CUDA graphs, bf16: our one-shot push takes
+            // 3.7 us up to 42 KB and carries ~240 GB/s from 16 MiB (128 blocks); NCCL takes
+            // 5.8 us for small messages, 13.7 at 1 MiB (low-latency protocol), then 31.9 at
+            // 4 MiB .. 250 at 64 MiB (bulk).
             Fabric::NvLink => FabricParams {
                 launch_us: 4.0,
                 barrier_us: 1.5,
@@ -148,12 +148,12 @@ impl FabricParams {
 
 /// GPUs without P2P (comm-symm's host-mapped backing; NCCL's shared-memory transport),
 /// calibrated on the one such configuration measured: two H200s with P2P forced off
-/// (`NCCL_P2P_DISABLE=1`, `COMM_SYMM_BACKING=host`), CUDA graphs, bf16 (BENCHMARKS.md,
-/// "Without peer access", the 21:00 run). NCCL there takes ~9.5 us for small messages and
-/// carries ~28 GB/s at 8 MiB; the host-mapped kernels take ~12.5 us for small messages,
-/// 20.9 us at 42 KB and 53 us at 256 KiB (~20 us, 47.6 and 334 when first measured), so the
-/// model prefers NCCL at every size until they are measured faster. A tuning table
-/// measured on the machine beats the model anyway.
+/// (`NCCL_P2P_DISABLE=1`, `COMM_SYMM_BACKING=host`), CUDA graphs, bf16
+/// (benchmarks/history/2026-11-30.md, "Without peer access", the 21:00 run). NCCL there
+/// takes ~9.5 us for small messages and carries ~28 GB/s at 8 MiB; the host-mapped kernels
+/// take ~12.5 us for small messages, 20.9 us at 42 KB and 53 us at 256 KiB (~20 us, 47.6 and
+/// 334 when first measured), so the model prefers NCCL at every size until they are measured
+/// faster. A tuning table measured on the machine beats the model anyway.
 ///
 /// Every byte crosses PCIe twice: its sender's kernel writes it into host memory, its
 /// receiver's kernel reads it back over its own link.
@@ -373,8 +373,8 @@ mod tests {
         }
     }
 
-    /// Two H200s over NVLink, CUDA graphs, bf16 (BENCHMARKS.md): (bytes, NCCL us, our
-    /// best kernel us).
+    /// Two H200s over NVLink, CUDA graphs, bf16 (benchmarks/history/2026-11-30.md): (bytes,
+    /// NCCL us, our best kernel us).
     const NVLINK_2: [(usize, f64, f64); 7] = [
         (8192, 6.7, 3.7),
         (KB42, 7.5, 3.8),

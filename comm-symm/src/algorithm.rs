@@ -9,7 +9,8 @@ use comm_core::{Error, Result, TrafficPattern};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Algorithm {
-    /// `oneshot` up to 16 KiB, `twoshot` above (host; measured, see BENCHMARKS.md).
+    /// `oneshot` up to 16 KiB, `twoshot` above (host; measured, see
+    /// benchmarks/history/2026-11-29.md).
     Auto,
     /// Every rank reduces the whole message.
     OneShot,

@@ -32,9 +32,9 @@ use crate::lamport::Lamport;
 pub const DEFAULT_MAX_BYTES: usize = 64 << 20;
 
 /// Messages up to this size use `oneshot` under [`Algorithm::Auto`]. On the host `lamport`
-/// never won (2 processes, 2-core VM, BENCHMARKS.md): writing into a peer's inbox moves
-/// every cache line to the writer's core and back to the reader's, where a pull moves it
-/// once; it stays available by name.
+/// never won (2 processes, 2-core VM, benchmarks/history/2026-11-29.md): writing into a
+/// peer's inbox moves every cache line to the writer's core and back to the reader's, where
+/// a pull moves it once; it stays available by name.
 const ONESHOT_MAX_BYTES: usize = 16 << 10;
 /// Largest Lamport message; larger ones fall back to `oneshot`/`twoshot`.
 const LAMPORT_CAPACITY: usize = 1 << 20;

@@ -9,6 +9,8 @@
 //! `verify-step` times the seeds' decode step (122 dependent all-reduces of 42 KB) per
 //! backend, as one CUDA graph on a GPU (see [`step`]).
 //!
+//! `plot-figures` draws recorded figures (a CSV) as an SVG latency plot ([`figures`]).
+//!
 //! `kernels` builds every `.cu` of the workspace with NVRTC for a list of archs;
 //! [`all_kernel_sources`] is the registry it walks: every crate that keeps `.cu` files
 //! exports them as a list of [`KernelSource`]s, gathered here.
@@ -17,6 +19,7 @@
 
 pub mod backends;
 pub mod copy_probe;
+pub mod figures;
 pub mod gpu;
 pub mod graph;
 pub mod host_probe;

@@ -47,7 +47,8 @@ fn lines(rows: &[Row], by_launch: bool) -> Vec<(String, Vec<&Row>)> {
     groups
 }
 
-type Series = Vec<(String, Vec<(f64, f64)>)>;
+/// Named lines of (x, y) points.
+pub(crate) type Series = Vec<(String, Vec<(f64, f64)>)>;
 
 fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
@@ -99,7 +100,8 @@ fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn panel(
+/// One log-log panel of `series`, y against message size, with a legend.
+pub(crate) fn panel(
     area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
     caption: &str,
     y_label: &str,
