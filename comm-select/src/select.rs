@@ -212,6 +212,8 @@ pub struct SelectComm {
     routes: RefCell<HashMap<CallInfo, Route>>,
     bootstrap: Box<dyn Bootstrap>,
     calls: Cell<u64>,
+    /// The last call routed, for the diagnosis of an asynchronous error.
+    last: Cell<Option<LastCall>>,
     poisoned: RefCell<Option<String>>,
 }
 
@@ -302,6 +304,7 @@ impl SelectComm {
             routes: RefCell::new(HashMap::new()),
             bootstrap: Box::new(bootstrap),
             calls: Cell::new(0),
+            last: Cell::new(None),
             poisoned: RefCell::new(None),
         })
     }
@@ -555,6 +558,11 @@ impl SelectComm {
             Ok((member, comm)) => (Some(member), run(comm)),
             Err(e) => (None, Err(e)),
         };
+        self.last.set(Some(LastCall {
+            number,
+            call,
+            member,
+        }));
         match result {
             Ok(()) => Ok(()),
             // The member settled the call with every peer: all of them got an error, and
@@ -720,17 +728,24 @@ impl Communicator for SelectComm {
         })
     }
 
-    /// The first member's asynchronous error. A member that reports one is unusable, and
-    /// no member may run a later call that a peer routes elsewhere: the selector is
-    /// poisoned (every rank's member reports the same error, so every rank poisons itself).
+    /// The first member's asynchronous error, diagnosed as a failed call is: the ranks
+    /// compare their last calls through the bootstrap, so that ranks whose calls disagree
+    /// all get [`Error::Mismatch`] naming them, also where they were routed to different
+    /// members and only a timeout ended the wait. A member that reports an asynchronous
+    /// error is unusable, and no member may run a later call that a peer routes elsewhere:
+    /// the selector is poisoned.
     fn async_error(&self) -> Result<()> {
         if let Some(why) = &*self.poisoned.borrow() {
             return Err(Error::Aborted(why.clone()));
         }
-        let found = self.backends.iter().try_for_each(|b| b.comm.async_error());
-        if let Err(e) = &found {
-            self.poison_quietly(e.to_string());
-        }
-        found
+        let Err(e) = self.backends.iter().try_for_each(|b| b.comm.async_error()) else {
+            return Ok(());
+        };
+        let e = match self.last.get() {
+            Some(last) => self.diagnose(last, e),
+            None => e,
+        };
+        self.poison_quietly(e.to_string());
+        Err(e)
     }
 }

@@ -37,9 +37,29 @@ fn device_of(bootstrap: &dyn Bootstrap) -> usize {
     bootstrap.local_rank() % gpus()
 }
 
-/// `auto` over every GPU backend that starts on every rank (and the host ones).
+/// `auto` over the GPU backends that start on every rank. (With the host backends too,
+/// its capabilities would be the union of both: ops such as `prod` that only host members
+/// take, which device buffers are then refused.)
 fn auto(bootstrap: Arc<dyn Bootstrap>) -> Result<SelectComm> {
-    comm_select::auto(bootstrap)
+    comm_select::Auto::new(bootstrap)
+        .backends(&GPU_BACKENDS)
+        .build()
+}
+
+/// Members' waits for peers end after this; the bootstrap, through which the selector
+/// diagnoses a failed wait, waits longer ([`TIMEOUT`]), so that every rank's diagnosis
+/// meets its peers'.
+const MEMBER_TIMEOUT_SECS: &str = "5";
+
+/// Sets the GPU members' bound on waits for peers: ranks that disagree and were routed to
+/// different members learn it from that wait.
+fn short_member_waits() {
+    for prefix in ["COMM_IPC", "COMM_SYMM"] {
+        // SAFETY: each test of this binary runs in a process of its own (nextest) or one
+        // after another (`--test-threads 1`, the device suite), set before any rank
+        // thread starts and before anything reads the environment.
+        unsafe { std::env::set_var(format!("{prefix}_TIMEOUT_SECS"), MEMBER_TIMEOUT_SECS) };
+    }
 }
 
 /// One backend alone, as `auto` starts it (`symm-cuda` as the `SymmComm` enum).
@@ -76,6 +96,7 @@ fn auto_passes_the_conformance_suite_in_process() {
 #[ignore = "needs a GPU"]
 fn auto_reports_disagreements_on_every_rank() {
     let _turn = gpu_turn();
+    short_member_waits();
     for kind in Disagreement::ALL {
         let results = on_threads(world(), TIMEOUT, move |b| {
             let b: Arc<dyn Bootstrap> = Arc::new(b);
@@ -145,6 +166,7 @@ fn a_mismatched_call_is_reported_once_the_stream_drains() {
 #[ignore = "needs a GPU"]
 fn auto_under_mpirun_np2() {
     mpirun::on_mpirun("auto_under_mpirun_np2", 2, || {
+        short_member_waits();
         let b: Arc<dyn Bootstrap> = Arc::new(EnvBootstrap::from_env().expect("the mpirun job"));
         let memory = DeviceMemory::new(device_of(&*b)).expect("device memory");
         let comm = auto(b.clone()).expect("auto");

@@ -60,7 +60,14 @@ pub fn on_mpirun(name: &str, np: usize, body: impl FnOnce()) {
         &np.to_string(),
     ])
     .arg(&exe)
-    .args([name, "--exact", "--nocapture", "--test-threads=1"])
+    // A test that needs a GPU is ignored where there is none; here it was asked for.
+    .args([
+        name,
+        "--exact",
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
     .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
     .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     // Containers often forbid the cross-memory attach that OpenMPI's shared-memory

@@ -88,7 +88,7 @@ impl CudaSymmComm {
         let shape = Cell::new((Backing::Auto, 0usize));
         let backing = config.backing;
         let inner = PeerComm::join(
-            "symm",
+            "symm-cuda",
             bootstrap,
             device,
             config.peer,
