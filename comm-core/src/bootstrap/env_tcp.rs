@@ -5,7 +5,9 @@
 //! [`EnvBootstrap::from_env`] for the variables and the port rule under `mpirun`), every
 //! other rank connects to it, retrying until the timeout, and introduces itself with its rank,
 //! the world size and a key derived from the job identity; rank 0 answers once every rank
-//! has arrived. Each collective call is then one round: every rank sends rank 0 a frame
+//! has arrived. Connections that are not ranks (idle, slow, garbage) are heard each on a
+//! thread of its own and shed when too many wait, so they cannot delay the start (see
+//! `lobby`). Each collective call is then one round: every rank sends rank 0 a frame
 //! (kind, root, sequence number, its bytes), rank 0 checks that all frames name the same
 //! call and answers each rank with the result. A rank that is missing, late past the
 //! timeout, out of step or calling something else makes the call fail on every rank
@@ -16,6 +18,7 @@
 //! small messages costs two short hops, not Nagle's delay.
 
 mod launch;
+mod lobby;
 mod wire;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -29,9 +32,8 @@ use self::wire::{FailClass, Header, Kind, WireError, pack, read_frame, unpack, w
 use super::{Bootstrap, default_timeout};
 use crate::error::{Error, Result};
 
-/// How long rank 0 waits for a freshly accepted connection to introduce itself, at most,
-/// before dropping it and accepting the next: a stray connection cannot stall the start.
-const HELLO_WAIT: Duration = Duration::from_secs(2);
+/// Size of a hello's payload: rank, world size and job key, 8 bytes each.
+const HELLO_BYTES: usize = 24;
 
 /// How long rank 0 tries to tell the others about a failure; it must not hang on a peer
 /// that stopped reading.
@@ -176,54 +178,9 @@ impl EnvBootstrap {
         timeout: Duration,
     ) -> Result<Self> {
         let deadline = Instant::now() + timeout;
-        let addr = listener.local_addr()?;
-        // Non-blocking accept, so that the wait for late ranks is bounded.
-        listener.set_nonblocking(true)?;
-        let mut peers: Vec<Option<TcpStream>> = (1..info.world_size).map(|_| None).collect();
-        let mut pause = Duration::from_millis(1);
-        while peers.iter().any(Option::is_none) {
-            match listener.accept() {
-                Ok((stream, _)) => {
-                    pause = Duration::from_millis(1);
-                    if let Some((rank, stream)) = admit(stream, &info, job_key, &peers, deadline) {
-                        peers[rank - 1] = Some(stream);
-                    }
-                }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock
-                            | std::io::ErrorKind::Interrupted
-                            | std::io::ErrorKind::ConnectionAborted
-                    ) =>
-                {
-                    if Instant::now() >= deadline {
-                        let missing: Vec<String> = peers
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, p)| p.is_none())
-                            .map(|(i, _)| (i + 1).to_string())
-                            .collect();
-                        let what = format!(
-                            "rank(s) {} to connect to the bootstrap store at {addr}",
-                            missing.join(", ")
-                        );
-                        let mut arrived: Vec<TcpStream> = peers.into_iter().flatten().collect();
-                        notify_failure(&mut arrived, FailClass::Timeout, &what);
-                        return Err(Error::Timeout {
-                            what,
-                            after: timeout,
-                        });
-                    }
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(20));
-                }
-                Err(e) => {
-                    return Err(Error::Bootstrap(format!("accepting on {addr}: {e}")));
-                }
-            }
-        }
-        let mut peers: Vec<TcpStream> = peers.into_iter().flatten().collect();
+        let mut peers = lobby::gather_ranks(&listener, &info, job_key, deadline, timeout)?;
+        // Connections from now on are refused by the system, not left waiting.
+        drop(listener);
         for (i, peer) in peers.iter_mut().enumerate() {
             if let Err(e) = write_frame(peer, Header::new(Kind::Ready, 0, 0, 0), &[], deadline) {
                 let why = format!("rank {} left before the store was ready: {e}", i + 1);
@@ -242,64 +199,41 @@ impl EnvBootstrap {
         })
     }
 
-    /// Any other rank: connects to rank 0 (retrying while it is not listening yet),
-    /// introduces itself and waits for the store to be ready.
+    /// Any other rank: connects to rank 0 (retrying while it is not listening yet, or when
+    /// it closed the connection unanswered), introduces itself and waits for the store to be
+    /// ready.
     fn dial(info: LaunchInfo, store: &StoreConfig, timeout: Duration) -> Result<Self> {
         let deadline = Instant::now() + timeout;
         let addr = store.addr;
         let mut pause = Duration::from_millis(5);
-        let mut stream = loop {
+        let stream = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let attempt = if left.is_zero() {
                 Err(std::io::Error::from(std::io::ErrorKind::TimedOut))
             } else {
                 TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5)))
             };
-            match attempt {
-                Ok(stream) => break stream,
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(Error::Timeout {
-                        what: format!(
-                            "rank 0's bootstrap store at {addr} ({}; last error: {e})",
-                            store.port_source
-                        ),
-                        after: timeout,
-                    });
+            let last_error = match attempt {
+                Ok(mut stream) => {
+                    if introduce(&mut stream, &info, store, deadline, timeout)? {
+                        break stream;
+                    }
+                    "rank 0 closed the connection unanswered".to_string()
                 }
-                Err(_) => {
-                    std::thread::sleep(
-                        pause.min(deadline.saturating_duration_since(Instant::now())),
-                    );
-                    pause = (pause * 2).min(Duration::from_millis(100));
-                }
+                Err(e) => e.to_string(),
+            };
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "rank 0's bootstrap store at {addr} ({}; last error: {last_error})",
+                        store.port_source
+                    ),
+                    after: timeout,
+                });
             }
+            std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+            pause = (pause * 2).min(Duration::from_millis(100));
         };
-        stream.set_nodelay(true)?;
-        let mut hello = Vec::with_capacity(24);
-        hello.extend_from_slice(&(info.rank as u64).to_le_bytes());
-        hello.extend_from_slice(&(info.world_size as u64).to_le_bytes());
-        hello.extend_from_slice(&store.job_key.to_le_bytes());
-        let header = Header::new(Kind::Hello, 0, 0, hello.len());
-        let hub_failed = |e: WireError| wire_error(e, "rank 0", "joining the store", timeout);
-        write_frame(&mut stream, header, &hello, deadline).map_err(hub_failed)?;
-        let (reply, payload) = read_frame(&mut stream, deadline).map_err(hub_failed)?;
-        match reply.kind {
-            Kind::Ready => {}
-            Kind::Reject => {
-                return Err(Error::Bootstrap(format!(
-                    "rank 0's store at {addr} refused rank {}: {}",
-                    info.rank,
-                    String::from_utf8_lossy(&payload)
-                )));
-            }
-            Kind::Fail => return Err(fail_error(&payload, timeout)),
-            other => {
-                return Err(Error::Bootstrap(format!(
-                    "rank 0's store at {addr} answered {} to hello",
-                    other.name()
-                )));
-            }
-        }
         Ok(EnvBootstrap {
             info,
             timeout,
@@ -513,59 +447,44 @@ fn check_info(info: &LaunchInfo) -> Result<()> {
     Ok(())
 }
 
-/// Reads a new connection's hello; returns its rank and stream if it is one of ours and
-/// not yet connected, otherwise tells it why not and drops it.
-fn admit(
-    mut stream: TcpStream,
+/// Says who this rank is on a fresh connection to rank 0 and waits for its answer: `true`
+/// once the store is ready, `false` when rank 0 closed the connection without answering (it
+/// sheds the oldest waiting connections when strays crowd it, or it is going away:
+/// connecting again tells which).
+fn introduce(
+    stream: &mut TcpStream,
     info: &LaunchInfo,
-    job_key: u64,
-    peers: &[Option<TcpStream>],
+    store: &StoreConfig,
     deadline: Instant,
-) -> Option<(usize, TcpStream)> {
-    // Accepted sockets may inherit the listener's non-blocking mode on some systems.
-    stream.set_nonblocking(false).ok()?;
-    stream.set_nodelay(true).ok()?;
-    let hello_deadline = deadline.min(Instant::now() + HELLO_WAIT);
-    let (header, payload) = read_frame(&mut stream, hello_deadline).ok()?;
-    let word = |i: usize| {
-        payload
-            .get(8 * i..8 * i + 8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    timeout: Duration,
+) -> Result<bool> {
+    stream.set_nodelay(true)?;
+    let mut hello = Vec::with_capacity(HELLO_BYTES);
+    hello.extend_from_slice(&(info.rank as u64).to_le_bytes());
+    hello.extend_from_slice(&(info.world_size as u64).to_le_bytes());
+    hello.extend_from_slice(&store.job_key.to_le_bytes());
+    let header = Header::new(Kind::Hello, 0, 0, hello.len());
+    let reply =
+        write_frame(stream, header, &hello, deadline).and_then(|()| read_frame(stream, deadline));
+    let (reply, payload) = match reply {
+        Ok(reply) => reply,
+        Err(WireError::Closed) => return Ok(false),
+        Err(e) => return Err(wire_error(e, "rank 0", "joining the store", timeout)),
     };
-    let refusal = match (header.kind, word(0), word(1), word(2)) {
-        (Kind::Hello, Some(rank), Some(world), Some(key)) => {
-            if key != job_key {
-                Some(format!(
-                    "it belongs to another job (job key {key:#x}, this store's is {job_key:#x}); \
-                     give each job its own MASTER_PORT"
-                ))
-            } else if world != info.world_size as u64 {
-                Some(format!(
-                    "it says the world has {world} ranks, rank 0 says {}",
-                    info.world_size
-                ))
-            } else if rank == 0 || rank >= world {
-                Some(format!(
-                    "rank {rank} is not a rank 1..{world} may connect as"
-                ))
-            } else if peers[rank as usize - 1].is_some() {
-                Some(format!("rank {rank} is already connected"))
-            } else {
-                return Some((rank as usize, stream));
-            }
-        }
-        _ => None,
-    };
-    if let Some(why) = refusal {
-        let notice = Instant::now() + FAIL_NOTICE_WAIT;
-        let _ = write_frame(
-            &mut stream,
-            Header::new(Kind::Reject, 0, 0, why.len()),
-            why.as_bytes(),
-            notice,
-        );
+    let addr = store.addr;
+    match reply.kind {
+        Kind::Ready => Ok(true),
+        Kind::Reject => Err(Error::Bootstrap(format!(
+            "rank 0's store at {addr} refused rank {}: {}",
+            info.rank,
+            String::from_utf8_lossy(&payload)
+        ))),
+        Kind::Fail => Err(fail_error(&payload, timeout)),
+        other => Err(Error::Bootstrap(format!(
+            "rank 0's store at {addr} answered {} to hello",
+            other.name()
+        ))),
     }
-    None
 }
 
 /// Tells every peer that the call failed, and why.
@@ -618,5 +537,7 @@ fn describe(kind: Kind, root: u32) -> String {
     }
 }
 
+#[cfg(test)]
+mod stray_tests;
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 
-fn info(rank: usize, world_size: usize) -> LaunchInfo {
+pub(super) fn info(rank: usize, world_size: usize) -> LaunchInfo {
     LaunchInfo {
         rank,
         world_size,

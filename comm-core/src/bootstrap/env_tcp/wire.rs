@@ -124,7 +124,7 @@ impl Header {
         }
     }
 
-    fn encode(&self) -> [u8; HEADER_BYTES] {
+    pub(super) fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut out = [0u8; HEADER_BYTES];
         out[0..4].copy_from_slice(&MAGIC);
         out[4] = self.kind.code();
@@ -206,11 +206,23 @@ pub(super) fn read_frame(
     stream: &mut TcpStream,
     deadline: Instant,
 ) -> Result<(Header, Vec<u8>), WireError> {
+    read_frame_at_most(stream, deadline, usize::MAX)
+}
+
+/// Reads one frame whose payload is `limit` bytes at most (a longer one is malformed, and
+/// none of it is read), giving up at `deadline`.
+pub(super) fn read_frame_at_most(
+    stream: &mut TcpStream,
+    deadline: Instant,
+    limit: usize,
+) -> Result<(Header, Vec<u8>), WireError> {
     let mut head = [0u8; HEADER_BYTES];
     read_exact_by(stream, &mut head, deadline)?;
     let header = Header::decode(&head)?;
     let len = usize::try_from(header.len)
-        .map_err(|_| WireError::Malformed(format!("payload of {} bytes", header.len)))?;
+        .ok()
+        .filter(|&len| len <= limit)
+        .ok_or_else(|| WireError::Malformed(format!("payload of {} bytes", header.len)))?;
     let mut payload = Vec::new();
     payload
         .try_reserve_exact(len.min(READ_STEP))
@@ -346,6 +358,30 @@ mod tests {
         let mut bad = h.encode();
         bad[4] = 99;
         assert!(matches!(Header::decode(&bad), Err(WireError::Malformed(_))));
+    }
+
+    #[test]
+    fn a_payload_over_the_limit_is_malformed_before_it_is_read() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut b, _) = listener.accept().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        // Only the header is sent: reading the payload would wait for the deadline.
+        a.write_all(&Header::new(Kind::Hello, 0, 0, 25).encode())
+            .unwrap();
+        let start = Instant::now();
+        let err = read_frame_at_most(&mut b, deadline, 24).unwrap_err();
+        assert!(matches!(err, WireError::Malformed(_)), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(2));
+        write_frame(
+            &mut a,
+            Header::new(Kind::Hello, 0, 0, 24),
+            &[1; 24],
+            deadline,
+        )
+        .unwrap();
+        let (h, p) = read_frame_at_most(&mut b, deadline, 24).unwrap();
+        assert_eq!((h.kind, p), (Kind::Hello, vec![1; 24]));
     }
 
     #[test]
