@@ -6,6 +6,7 @@ use crate::buffer::{BufferMut, BufferRef, MemoryLocation};
 use crate::call::CallDescriptor;
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::registered::RegisteredBuffer;
 
 /// A collective operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -81,6 +82,10 @@ pub enum TrafficPattern {
     HostThreads,
     /// Every rank gathers every rank's message through the bootstrap.
     GatherAll,
+    /// A library's kernels over symmetric windows that every rank registered (NCCL 2.27+):
+    /// one-shot loads and stores between peers at the library's call cost, with a copy into
+    /// and out of a registered staging window for buffers outside one.
+    SymmetricWindow,
 }
 
 /// What happens when ranks disagree about a call (another count, dtype, collective...),
@@ -124,6 +129,9 @@ pub struct Capabilities {
     pub algorithm_patterns: Vec<(String, TrafficPattern)>,
     /// What ranks that disagree about a call get.
     pub disagreements: Disagreements,
+    /// Algorithms the backend has but cannot offer here, each with the reason (an old
+    /// library, a registration that failed), for selectors to explain.
+    pub unavailable: Vec<(String, String)>,
 }
 
 impl Capabilities {
@@ -141,6 +149,7 @@ impl Capabilities {
             pattern: None,
             algorithm_patterns: Vec::new(),
             disagreements: Disagreements::Settled,
+            unavailable: Vec::new(),
         }
     }
 
@@ -329,6 +338,17 @@ pub trait Communicator: Send {
                 self.name()
             ))),
         }
+    }
+
+    /// Collective: `bytes` of device memory registered with every rank, for collectives
+    /// whose buffers lie in it (see [`RegisteredBuffer`]). Backends that register nothing
+    /// return [`Error::Unsupported`]; memory of this kind works with them as plain memory.
+    fn alloc_registered(&self, bytes: usize) -> Result<Box<dyn RegisteredBuffer>> {
+        let _ = bytes;
+        Err(Error::Unsupported(format!(
+            "{} registers no buffers",
+            self.name()
+        )))
     }
 }
 

@@ -13,6 +13,7 @@ use crate::buffer::{BufferMut, BufferRef};
 use crate::communicator::{Capabilities, Communicator};
 use crate::dtype::ReduceOp;
 use crate::error::Result;
+use crate::registered::RegisteredBuffer;
 
 /// A type whose [`Communicator`] is another one's, method for method.
 ///
@@ -94,5 +95,8 @@ impl<F: Forward> Communicator for F {
     }
     fn set_algorithm(&self, algorithm: Option<&str>) -> Result<()> {
         self.target().set_algorithm(algorithm)
+    }
+    fn alloc_registered(&self, bytes: usize) -> Result<Box<dyn RegisteredBuffer>> {
+        self.target().alloc_registered(bytes)
     }
 }

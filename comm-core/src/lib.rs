@@ -38,6 +38,7 @@ pub mod forward;
 #[cfg(feature = "mpi")]
 mod mpi_process;
 pub mod reduce;
+pub mod registered;
 
 #[cfg(feature = "mpi")]
 pub use backends::MpiComm;
@@ -54,3 +55,4 @@ pub use dtype::{DType, Element, ReduceOp};
 pub use error::{BoxError, Error, Result};
 pub use forward::Forward;
 pub use half::{bf16, f16};
+pub use registered::RegisteredBuffer;

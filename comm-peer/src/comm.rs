@@ -290,6 +290,7 @@ impl PeerComm {
         }
         let reg = Registered::new(self.context(), &*self.bootstrap, bytes, |_| Ok(()))?;
         Ok(PeerBuffer::new(
+            self.name,
             reg,
             bytes,
             self.registry.clone(),

@@ -1,7 +1,9 @@
 //! [`Communicator`] for [`PeerComm`]. The backends' own types built around one implement
 //! [`comm_core::Forward`], so that the trait is implemented in one place.
 
-use comm_core::{BufferMut, BufferRef, Capabilities, Communicator, ReduceOp, Result};
+use comm_core::{
+    BufferMut, BufferRef, Capabilities, Communicator, ReduceOp, RegisteredBuffer, Result,
+};
 
 use crate::comm::PeerComm;
 
@@ -52,5 +54,10 @@ impl Communicator for PeerComm {
 
     fn set_algorithm(&self, algorithm: Option<&str>) -> Result<()> {
         PeerComm::set_algorithm(self, algorithm)
+    }
+
+    /// [`PeerComm::alloc`], boxed: a zero-copy buffer.
+    fn alloc_registered(&self, bytes: usize) -> Result<Box<dyn RegisteredBuffer>> {
+        Ok(Box::new(self.alloc(bytes)?))
     }
 }

@@ -47,6 +47,7 @@ impl Registry {
 /// before the memory goes, since a peer may read this rank's buffer until its own kernel
 /// has completed.
 pub struct PeerBuffer {
+    backend: &'static str,
     reg: Registered,
     bytes: usize,
     registry: Arc<Registry>,
@@ -64,6 +65,7 @@ impl std::fmt::Debug for PeerBuffer {
 
 impl PeerBuffer {
     pub(crate) fn new(
+        backend: &'static str,
         reg: Registered,
         bytes: usize,
         registry: Arc<Registry>,
@@ -71,6 +73,7 @@ impl PeerBuffer {
     ) -> Self {
         registry.insert(reg.buffer().device_ptr(), bytes, reg.table());
         PeerBuffer {
+            backend,
             reg,
             bytes,
             registry,
@@ -141,6 +144,24 @@ impl PeerBuffer {
                 self.bytes
             ))),
         }
+    }
+}
+
+impl comm_core::RegisteredBuffer for PeerBuffer {
+    fn backend(&self) -> &str {
+        self.backend
+    }
+
+    fn device_ptr(&self) -> u64 {
+        PeerBuffer::device_ptr(self)
+    }
+
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn ordinal(&self) -> usize {
+        self.reg.buffer().context().ordinal()
     }
 }
 

@@ -201,6 +201,12 @@ fn same_device_traffic(pattern: TrafficPattern, n: f64) -> Option<(f64, f64)> {
     })
 }
 
+/// The fixed cost of one device-to-device copy on the call's stream, µs: staging an
+/// unregistered buffer into a symmetric window and out again costs two.
+pub const STAGING_COPY_US: f64 = 2.0;
+/// What such a copy carries within one GPU's memory, GB/s.
+pub const STAGING_COPY_GBPS: f64 = 1000.0;
+
 /// Predicts collective times on one topology.
 #[derive(Debug, Clone)]
 pub struct CostModel {
@@ -268,9 +274,16 @@ impl CostModel {
         let p = &self.params;
         let n = self.world as f64;
         let s = bytes as f64;
+        // NCCL's symmetric kernels, reached through a staging window (a registered buffer
+        // skips the copies, but a call does not say where its buffer lies): priced as a
+        // one-shot or two-shot of writes at NCCL's call cost, where peers' memory is one
+        // NVLink domain, the only place NCCL runs them.
+        let staging = 2.0 * (STAGING_COPY_US + s / (STAGING_COPY_GBPS * 1e3));
+        let symmetric_fabric = matches!(self.fabric, Fabric::NvLink | Fabric::Single);
         if self.world <= 1 {
             return Some(match pattern {
                 TrafficPattern::Ring => p.ring_launch_us,
+                TrafficPattern::SymmetricWindow => p.ring_launch_us + staging,
                 TrafficPattern::GatherAll => 30.0,
                 _ => p.launch_us,
             });
@@ -320,6 +333,11 @@ impl CostModel {
                 };
                 ring(p.ring_launch_us, p.ring_efficiency)
                     .min(ring(p.ring_bulk_launch_us, p.ring_bulk_efficiency))
+            }
+            TrafficPattern::SymmetricWindow if symmetric_fabric => {
+                let one_shot = self.transfer((n - 1.0) * s, n * (n - 1.0) * s, Access::Write);
+                let half = self.transfer((n - 1.0) / n * s, (n - 1.0) * s, Access::Write);
+                p.ring_launch_us + one_shot.min(p.barrier_us + 2.0 * half) + staging
             }
             TrafficPattern::HostThreads => 2.0 + 2.0 * 3.0 + s / (p.write_gbps * 1e3),
             TrafficPattern::GatherAll => 30.0 * n + n * s / (1.0 * 1e3),
@@ -525,6 +543,38 @@ mod tests {
             best_peer_pattern(&eight, 16 << 20).1,
             TwoShotPull | TwoShotPush
         ));
+    }
+
+    #[test]
+    fn staged_symmetric_windows_need_a_measurement_to_beat_nccl_and_only_run_on_nvlink() {
+        // Unmeasured, the copies in and out keep the staged path behind NCCL's plain one
+        // on one or two GPUs, and behind our kernels everywhere: auto picks it from a
+        // tuning table only.
+        for world in [1, 2, 8] {
+            let model = CostModel::new(&Topology::uniform(world, Link::nvlink(18)));
+            for bytes in [8, KB42, 1 << 20] {
+                let staged = us(&model, SymmetricWindow, bytes);
+                let ring = us(&model, Ring, bytes);
+                if world <= 2 {
+                    assert!(
+                        ring < staged,
+                        "{world} ranks, {bytes} B: {ring} vs {staged}"
+                    );
+                }
+                if world > 1 {
+                    let (ours, which) = best_peer_pattern(&model, bytes);
+                    assert!(ours < staged, "{world} ranks, {bytes} B: {which:?} {ours}");
+                }
+            }
+        }
+        for link in [
+            Link::pcie(PciePath::Pxb),
+            Link::no_p2p(PciePath::Sys),
+            Link::REMOTE,
+        ] {
+            let model = CostModel::new(&Topology::uniform(2, link));
+            assert!(model.all_reduce_us(SymmetricWindow, KB42).is_none());
+        }
     }
 
     #[test]

@@ -31,7 +31,7 @@ use std::fmt;
 
 use comm_core::{
     Bootstrap, BufferMut, BufferRef, CallDescriptor, Capabilities, Collective, Communicator, DType,
-    Disagreements, Error, MemoryLocation, ReduceOp, Result,
+    Disagreements, Error, MemoryLocation, ReduceOp, RegisteredBuffer, Result,
 };
 use serde::{Deserialize, Serialize};
 
@@ -351,6 +351,19 @@ impl SelectComm {
             .collect();
         if !predictions.is_empty() {
             out.push_str(&format!("; model: {}", predictions.join(", ")));
+        }
+        let unavailable: Vec<String> = self
+            .backends
+            .iter()
+            .flat_map(|b| {
+                b.caps
+                    .unavailable
+                    .iter()
+                    .map(|(a, why)| format!("{} ({why})", label(b.comm.name(), Some(a))))
+            })
+            .collect();
+        if !unavailable.is_empty() {
+            out.push_str(&format!("; unavailable: {}", unavailable.join(", ")));
         }
         out
     }
@@ -747,5 +760,26 @@ impl Communicator for SelectComm {
         };
         self.poison_quietly(e.to_string());
         Err(e)
+    }
+
+    /// Collective: a buffer registered by the first member, in order, that registers
+    /// buffers (members that do not answer [`Error::Unsupported`] alike on every rank). Calls on
+    /// it are routed as any other: a member that did not register it treats it as plain
+    /// device memory.
+    fn alloc_registered(&self, bytes: usize) -> Result<Box<dyn RegisteredBuffer>> {
+        if let Some(why) = &*self.poisoned.borrow() {
+            return Err(Error::Aborted(why.clone()));
+        }
+        let mut refusals = Vec::new();
+        for b in &self.backends {
+            match b.comm.alloc_registered(bytes) {
+                Err(Error::Unsupported(why)) => refusals.push(why),
+                other => return other,
+            }
+        }
+        Err(Error::Unsupported(format!(
+            "auto: no member registers buffers ({})",
+            refusals.join("; ")
+        )))
     }
 }

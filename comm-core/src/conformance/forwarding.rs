@@ -9,6 +9,7 @@ use crate::buffer::{BufferMut, BufferRef};
 use crate::communicator::{Capabilities, Communicator};
 use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
+use crate::registered::RegisteredBuffer;
 
 /// The algorithm [`Failing`] claims, so that `set_algorithm` reaches it.
 pub const FAILING_ALGORITHM: &str = "failing";
@@ -86,6 +87,9 @@ impl Communicator for Failing {
             _ => Ok(()),
         }
     }
+    fn alloc_registered(&self, _: usize) -> Result<Box<dyn RegisteredBuffer>> {
+        Err(Error::InvalidArgument(Self::marker("alloc_registered")))
+    }
 }
 
 /// What of [`Communicator`] the outer communicator takes from the inner one.
@@ -145,6 +149,7 @@ pub fn check_forwarding(
         outer.broadcast(BufferMut::host(&mut recv[..4]), 0),
     );
     expect("barrier", outer.barrier());
+    expect("alloc_registered", outer.alloc_registered(4096).map(drop));
     if forwarding == Forwarding::Everything {
         expect(
             "set_algorithm",
