@@ -200,8 +200,9 @@ const JOB_IDENTITY: [&[&str]; 4] = [
     &["OMPI_MCA_ess_base_jobid"],
     // Slurm: one job step.
     &["SLURM_JOB_ID", "SLURM_STEP_ID"],
-    // torchrun (elastic): the run id.
-    &["TORCHELASTIC_RUN_ID"],
+    // torchrun (elastic): the run id (`none` for every job of static rendezvous, its
+    // default) and the port of torch's own store, which no two jobs on a host share.
+    &["TORCHELASTIC_RUN_ID", "MASTER_PORT"],
 ];
 
 /// Where rank 0's store listens, and the key that tells this job's ranks from another's.
@@ -220,7 +221,9 @@ impl StoreConfig {
     /// The port is `COMM_MASTER_PORT`, else `MASTER_PORT`, else derived from the job's
     /// identity: `20000 + fnv1a64("NAME=value\n"...) % 12000` over the first group of
     /// `PMIX_NAMESPACE`, `OMPI_MCA_ess_base_jobid`, (`SLURM_JOB_ID`, `SLURM_STEP_ID`),
-    /// `TORCHELASTIC_RUN_ID` that is set. Every rank of one `mpirun` sees the same
+    /// (`TORCHELASTIC_RUN_ID`, `MASTER_PORT`) that is set; under torchrun (its agent sets
+    /// `TORCHELASTIC_RUN_ID`) `MASTER_PORT` is torch's own store's, so the port is always
+    /// derived there unless `COMM_MASTER_PORT` names one. Every rank of one `mpirun` sees the same
     /// identity, and two concurrent jobs see different ones, so they pick the same port and
     /// different ports respectively (two jobs land on one port with probability 1/12000;
     /// the second then fails to bind with a message that says to set `MASTER_PORT`).
@@ -232,8 +235,12 @@ impl StoreConfig {
     ) -> Result<StoreConfig> {
         let identity = job_identity(&get);
         let job_key = identity.as_deref().map_or(0, fnv1a64);
+        // Under torchrun, MASTER_PORT is where torch's agent serves its own store for the
+        // whole run: ours derives a port of its own (COMM_MASTER_PORT still wins).
+        let torch_holds_master_port = get("TORCHELASTIC_RUN_ID").is_some();
         let explicit_port = ["COMM_MASTER_PORT", "MASTER_PORT"]
             .into_iter()
+            .filter(|&name| !(torch_holds_master_port && name == "MASTER_PORT"))
             .find_map(|name| get(name).map(|v| (name, v)));
         let (port, port_source) = match (explicit_port, &identity) {
             (Some((name, value)), _) => match value.trim().parse::<u16>() {
@@ -365,6 +372,42 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!((got.local_rank, got.local_world_size), (2, 3));
+    }
+
+    /// torchrun's agent holds MASTER_PORT with torch's store: ours takes a port derived
+    /// from the run id and that port, alike on every rank, unless COMM_MASTER_PORT says.
+    #[test]
+    fn under_torchrun_the_store_leaves_master_port_to_torch() {
+        let torchrun = info(&[("RANK", "1"), ("WORLD_SIZE", "2")])
+            .unwrap()
+            .unwrap();
+        let job = |port: &'static str| {
+            let port = port.to_string();
+            move |name: &str| match name {
+                "TORCHELASTIC_RUN_ID" => Some("none".to_string()),
+                "MASTER_PORT" => Some(port.clone()),
+                "MASTER_ADDR" => Some("127.0.0.1".to_string()),
+                _ => None,
+            }
+        };
+        let a = StoreConfig::from_vars(&torchrun, job("29500")).unwrap();
+        assert_ne!(a.addr.port(), 29500);
+        assert!((20000..32000).contains(&a.addr.port()), "{a:?}");
+        assert_eq!(a, StoreConfig::from_vars(&torchrun, job("29500")).unwrap());
+        let b = StoreConfig::from_vars(&torchrun, job("29501")).unwrap();
+        assert_ne!(a.job_key, b.job_key);
+        let forced = vars(&[
+            ("TORCHELASTIC_RUN_ID", "none"),
+            ("MASTER_PORT", "29500"),
+            ("COMM_MASTER_PORT", "29600"),
+        ]);
+        assert_eq!(
+            StoreConfig::from_vars(&torchrun, forced)
+                .unwrap()
+                .addr
+                .port(),
+            29600
+        );
     }
 
     #[test]
