@@ -7,9 +7,9 @@
 //! Tensors are read where they are, with no copy: torch tensors through their cheap
 //! accessors (device calls go on `torch.cuda.current_stream()`, so they order with the
 //! model's kernels and are captured by `torch.cuda.graph`), everything else through
-//! `__cuda_array_interface__`, `__array_interface__` or `__dlpack__` ([`tensor`]). The GIL
+//! `__cuda_array_interface__`, `__array_interface__` or `__dlpack__` (module `tensor`). The GIL
 //! is released while a call runs; `comm_core::Error`'s variants arrive as exceptions of the
-//! same names ([`errors`]). The module links no libpython, libtorch or CUDA library: the
+//! same names (module `errors`). The module links no libpython, libtorch or CUDA library: the
 //! crates open CUDA at run time, so one wheel serves every CPython >= 3.9, PyTorch and
 //! CUDA. The Python side (`python/comm_rs`) adds the serving engines' custom all-reduce
 //! slot and the type stubs.
