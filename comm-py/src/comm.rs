@@ -296,8 +296,8 @@ impl PyCommunicator {
         self.run(py, |c| c.comm().async_error())
     }
 
-    /// Which backend (and algorithm) an all-reduce of `t` with `op` goes to, and why
-    /// (`graph`: as captured into a CUDA graph).
+    /// Which backend (and algorithm) an all-reduce of `t` with `op` goes to, and why: as
+    /// it would run now (captured when its stream is capturing), or as captured (`graph`).
     #[pyo3(signature = (t, op = "sum".to_string(), graph = false, *, dtype = None))]
     fn explain(
         &self,
@@ -308,8 +308,12 @@ impl PyCommunicator {
     ) -> PyResult<String> {
         let view = self.reading(dtype.as_deref(), None)?.read(&t)?;
         let op = parse_op(&op)?;
-        let call = CallInfo::all_reduce(view.dtype, op, view.bytes(), view.device.is_some())
-            .with_launch(if graph { Launch::Graph } else { Launch::Eager });
+        // SAFETY: the view is only described, never read or written.
+        let buf = unsafe { view.as_ref() }.map_err(to_py)?;
+        let mut call = CallInfo::of_all_reduce(&buf, op);
+        if graph {
+            call = call.with_launch(Launch::Graph);
+        }
         Ok(match self.lock().as_ref() {
             Some(Inner::Select(s)) => s.explain(&call),
             Some(inner) => {

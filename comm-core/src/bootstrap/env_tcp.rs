@@ -87,10 +87,11 @@ impl EnvBootstrap {
     /// the same one from the job's identity: `20000 + fnv1a64(identity) % 12000`, where the
     /// identity is the `NAME=value` line(s) of the first of `PMIX_NAMESPACE`,
     /// `OMPI_MCA_ess_base_jobid`, `SLURM_JOB_ID` + `SLURM_STEP_ID`, `TORCHELASTIC_RUN_ID`
-    /// + `MASTER_PORT` that is set. Under torchrun `MASTER_PORT` is torch's own store's, so
-    /// the port is derived there too unless `COMM_MASTER_PORT` is set. Concurrent jobs on one host thus use different ports (and a rank that
-    /// reaches another job's store is refused, since the hash of the identity is checked
-    /// when it connects). The range stays below Linux's ephemeral ports (32768 and up).
+    /// with `MASTER_PORT` that is set. Under torchrun `MASTER_PORT` is torch's own store's,
+    /// so the port is derived there too unless `COMM_MASTER_PORT` is set. Concurrent jobs on
+    /// one host thus use different ports (and a rank that reaches another job's store is
+    /// refused, since the hash of the identity is checked when it connects). The range
+    /// stays below Linux's ephemeral ports (32768 and up).
     pub fn from_env() -> Result<Self> {
         let info = LaunchInfo::detect()?.unwrap_or_else(LaunchInfo::single);
         let timeout = default_timeout();
