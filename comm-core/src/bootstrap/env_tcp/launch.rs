@@ -221,7 +221,7 @@ impl StoreConfig {
     /// The port is `COMM_MASTER_PORT`, else `MASTER_PORT`, else derived from the job's
     /// identity: `20000 + fnv1a64("NAME=value\n"...) % 12000` over the first group of
     /// `PMIX_NAMESPACE`, `OMPI_MCA_ess_base_jobid`, (`SLURM_JOB_ID`, `SLURM_STEP_ID`),
-    /// (`TORCHELASTIC_RUN_ID`, `MASTER_PORT`) that is set; under torchrun (its agent sets
+    /// (`TORCHELASTIC_RUN_ID`, `MASTER_PORT`) that is set; under torchrun (its launcher sets
     /// `TORCHELASTIC_RUN_ID`) `MASTER_PORT` is torch's own store's, so the port is always
     /// derived there unless `COMM_MASTER_PORT` names one. Every rank of one `mpirun` sees the same
     /// identity, and two concurrent jobs see different ones, so they pick the same port and
@@ -235,7 +235,7 @@ impl StoreConfig {
     ) -> Result<StoreConfig> {
         let identity = job_identity(&get);
         let job_key = identity.as_deref().map_or(0, fnv1a64);
-        // Under torchrun, MASTER_PORT is where torch's agent serves its own store for the
+        // Under torchrun, MASTER_PORT is where torch's launcher serves its own store for the
         // whole run: ours derives a port of its own (COMM_MASTER_PORT still wins).
         let torch_holds_master_port = get("TORCHELASTIC_RUN_ID").is_some();
         let explicit_port = ["COMM_MASTER_PORT", "MASTER_PORT"]
@@ -374,7 +374,7 @@ mod tests {
         assert_eq!((got.local_rank, got.local_world_size), (2, 3));
     }
 
-    /// torchrun's agent holds MASTER_PORT with torch's store: ours takes a port derived
+    /// torchrun's launcher holds MASTER_PORT with torch's store: ours takes a port derived
     /// from the run id and that port, alike on every rank, unless COMM_MASTER_PORT says.
     #[test]
     fn under_torchrun_the_store_leaves_master_port_to_torch() {
