@@ -53,8 +53,9 @@ class CustomAllreduce:
 
     @contextmanager
     def capture(self):
-        """Graph-capture context. Calls need no registration of graph buffers here: every
-        backend copies a captured call's input into memory it owns, so this only marks
+        """Graph-capture context. Captured calls need no registration of graph buffers
+        afterwards here: the backends read a captured call's tensors at replay where they
+        are (NCCL) or copy them into memory they own (ipc, symm-cuda), so this only marks
         the capture for ``capturing``."""
         self._capturing = True
         try:
