@@ -14,6 +14,7 @@ use pyo3::{IntoPyObjectExt, intern};
 
 use crate::errors::{invalid, to_py};
 use crate::factory::{self, Inner};
+use crate::registered::{self, Buffers, RegisteredMemory};
 use crate::tensor::{self, View};
 
 /// One rank's communicator (see the module docs of `comm_rs`).
@@ -22,6 +23,8 @@ use crate::tensor::{self, View};
 pub struct PyCommunicator {
     /// `None` once closed.
     inner: Mutex<Option<Inner>>,
+    /// What `empty` allocated, freed with the communicator.
+    registered: Buffers,
     rank: usize,
     world_size: usize,
     backend: String,
@@ -126,6 +129,7 @@ impl PyCommunicator {
             backend: comm.name().to_string(),
             device,
             inner: Mutex::new(Some(inner)),
+            registered: Buffers::default(),
         })
     }
 
@@ -388,10 +392,74 @@ impl PyCommunicator {
         Ok(out)
     }
 
-    /// Frees the communicator (collective: every rank closes it). Later calls raise
-    /// `Aborted`.
-    fn close(&self, py: Python<'_>) {
-        py.detach(|| drop(self.lock().take()));
+    /// Collective: a new tensor of `shape` and `dtype` (a name or a `torch.dtype`; f32 by
+    /// default) in device memory the backend registered with every rank, so that
+    /// collectives on it (or on a slice of it) take the backend's zero-copy path. Every
+    /// rank allocates the same shapes in the same order; the contents are unspecified. A
+    /// torch tensor when torch is imported, else a `RegisteredMemory` (DLPack and
+    /// `__cuda_array_interface__`). The memory lives until `close()`, which frees all of
+    /// it: allocate once and reuse. Raises `Unsupported` where the backend registers
+    /// nothing (host backends).
+    #[pyo3(signature = (shape, dtype = None, device = None))]
+    fn empty<'py>(
+        &self,
+        py: Python<'py>,
+        shape: Bound<'py, PyAny>,
+        dtype: Option<Bound<'py, PyAny>>,
+        device: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let dtype = match dtype {
+            None => DType::F32,
+            Some(d) => match d.extract::<String>() {
+                Ok(name) => tensor::parse_dtype(&name)?,
+                Err(_) => tensor::parse_dtype(&d.str()?.to_string())?,
+            },
+        };
+        let shape = registered::parse_shape(&shape)?;
+        if let (Some(asked), Some(own)) =
+            (device.map(|d| parse_device(&d)).transpose()?, self.device)
+        {
+            if asked != own {
+                return Err(invalid(format!(
+                    "device {asked}: this communicator's memory is on device {own}"
+                )));
+            }
+        }
+        let bytes = shape
+            .iter()
+            .try_fold(dtype.size(), |n, &d| n.checked_mul(d))
+            .ok_or_else(|| invalid(format!("shape {shape:?} overflows")))?;
+        if bytes == 0 {
+            return Err(invalid(format!(
+                "shape {shape:?}: registered memory needs at least one element"
+            )));
+        }
+        // Kept while `run` holds the communicator, so that a `close()` on another thread
+        // cannot miss it.
+        let slot = self.run(py, |c| {
+            Ok(self.registered.keep(c.comm().alloc_registered(bytes)?))
+        })?;
+        let memory = RegisteredMemory::new(slot, shape, dtype)?;
+        let modules = py.import("sys")?.getattr("modules")?;
+        match modules.get_item("torch") {
+            Ok(torch) => memory.into_torch(py, torch.cast::<PyModule>()?),
+            Err(_) => Ok(Bound::new(py, memory)?.into_any()),
+        }
+    }
+
+    /// Collective: frees the communicator and every buffer `empty` allocated, on every
+    /// rank together (after waiting for the device's work). Later calls raise `Aborted`,
+    /// and so does exporting such a buffer again; torch kernels on a tensor from `empty`
+    /// would use freed memory, so drop those tensors first (a `ResourceWarning` tells of
+    /// any still alive).
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let alive = self.registered.still_referenced();
+        py.detach(|| {
+            let mut inner = self.lock();
+            self.registered.free_all(self.device);
+            drop(inner.take());
+        });
+        registered::warn_still_referenced(py, alive)
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
@@ -400,7 +468,7 @@ impl PyCommunicator {
 
     #[pyo3(signature = (*_exc))]
     fn __exit__(&self, py: Python<'_>, _exc: Bound<'_, PyTuple>) -> PyResult<Py<PyAny>> {
-        self.close(py);
+        self.close(py)?;
         false.into_py_any(py)
     }
 
@@ -412,6 +480,17 @@ impl PyCommunicator {
             self.world_size,
             self.device.map_or("None".to_string(), |d| d.to_string())
         )
+    }
+}
+
+/// A communicator collected without `close()` still frees its registered buffers before
+/// its backend, as `close()` does: left to the tensors, they would be freed one rank at a
+/// time.
+impl Drop for PyCommunicator {
+    fn drop(&mut self) {
+        let mut inner = self.lock();
+        self.registered.free_all(self.device);
+        drop(inner.take());
     }
 }
 

@@ -9,14 +9,16 @@
 //! model's kernels and are captured by `torch.cuda.graph`), everything else through
 //! `__cuda_array_interface__`, `__array_interface__` or `__dlpack__` (module `tensor`). The GIL
 //! is released while a call runs; `comm_core::Error`'s variants arrive as exceptions of the
-//! same names (module `errors`). The module links no libpython, libtorch or CUDA library: the
-//! crates open CUDA at run time, so one wheel serves every CPython >= 3.9, PyTorch and
-//! CUDA. The Python side (`python/comm_rs`) adds the serving engines' custom all-reduce
+//! same names (module `errors`). `Communicator.empty` hands out tensors in memory the
+//! backend registered with every rank, which its collectives read where it lies (module
+//! `registered`). The module links no libpython, libtorch or CUDA library: the crates open
+//! CUDA at run time, so one wheel serves every CPython >= 3.9, PyTorch and CUDA. The Python side (`python/comm_rs`) adds the serving engines' custom all-reduce
 //! slot and the type stubs.
 
 mod comm;
 mod errors;
 mod factory;
+mod registered;
 mod tensor;
 
 use pyo3::prelude::*;
@@ -25,6 +27,7 @@ use pyo3::prelude::*;
 #[pyo3(name = "_comm_rs")]
 fn comm_rs_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::PyCommunicator>()?;
+    m.add_class::<registered::RegisteredMemory>()?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

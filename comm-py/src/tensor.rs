@@ -387,21 +387,21 @@ fn dtype_of_typestr(typestr: &str) -> PyResult<DType> {
 /// DLPack's `DLTensor` (stable since DLPack 0.2, unchanged in 1.x inside
 /// `DLManagedTensor`, which the `dltensor` capsule holds; the tensor comes first).
 #[repr(C)]
-struct DlTensor {
-    data: *mut c_void,
-    device_type: i32,
-    device_id: i32,
-    ndim: i32,
-    code: u8,
-    bits: u8,
-    lanes: u16,
-    shape: *const i64,
-    strides: *const i64,
-    byte_offset: u64,
+pub(crate) struct DlTensor {
+    pub(crate) data: *mut c_void,
+    pub(crate) device_type: i32,
+    pub(crate) device_id: i32,
+    pub(crate) ndim: i32,
+    pub(crate) code: u8,
+    pub(crate) bits: u8,
+    pub(crate) lanes: u16,
+    pub(crate) shape: *const i64,
+    pub(crate) strides: *const i64,
+    pub(crate) byte_offset: u64,
 }
 
 const DL_CPU: i32 = 1;
-const DL_CUDA: i32 = 2;
+pub(crate) const DL_CUDA: i32 = 2;
 const DL_CUDA_HOST: i32 = 3;
 
 /// `__dlpack__()`: reads the capsule without consuming it, so that the producer's own

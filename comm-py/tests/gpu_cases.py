@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import time
+import warnings
 
 import torch
 
@@ -94,14 +95,16 @@ def eager(backend, seed=1):
     print(f"rank {r}: ok")
 
 
-def _warm(comm, x):
+def _warm(comm, x, out=None):
     """Eager calls on a side stream first, as torch.cuda.graph asks (first calls build
-    kernels and state that capture cannot)."""
+    kernels and state that capture cannot): in place, and into `out` when given."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(3):
             comm.all_reduce(x)
+            if out is not None:
+                comm.all_reduce(x, out=out)
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
 
@@ -213,12 +216,91 @@ def engine(backend):
     print(f"rank {r}: ok")
 
 
+def registered(backend, seed=5, rows=3, hidden=7168):
+    """Communicator.empty: tensors in registered memory, all-reduced out of place, in place
+    and a row of one, eager and captured, against the reference; close() frees them, warns
+    of one still alive, and later calls on it raise. ipc and auto must register; nccl (a
+    world of one where NCCL has no symmetric windows) and symm-cuda (a heap in host memory)
+    may refuse, which is printed as skipped."""
+    comm = _setup(backend)
+    r, n = comm.rank, comm.world_size
+    try:
+        x = comm.empty((rows, hidden), dtype=torch.bfloat16)
+    except comm_rs.Unsupported as e:
+        if backend in ("ipc", "auto"):
+            raise
+        print(f"rank {r}: registered memory skipped: {backend} registers none here: {e}")
+        comm.close()
+        return
+    out = comm.empty(rows * hidden, dtype="bf16")
+    assert x.shape == (rows, hidden) and x.dtype == torch.bfloat16 and x.is_contiguous()
+    assert x.device == torch.device("cuda", comm.device) and out.shape == (rows * hidden,)
+    count = rows * hidden
+
+    inputs = _inputs(count, "bf16", n, seed)
+    want = _reference(inputs, "bf16")
+    x.copy_(inputs[r].view(rows, hidden))
+    out.fill_(float("nan"))
+    assert comm.all_reduce(x, out=out) is out
+    torch.cuda.synchronize()
+    _close(out, want, "bf16", f"{backend} registered all_reduce")
+    assert torch.equal(x.view(-1).cpu(), inputs[r]), f"{backend} registered: input changed"
+    comm.all_reduce(x)
+    torch.cuda.synchronize()
+    _close(x.view(-1), want, "bf16", f"{backend} registered all_reduce in place")
+    _same_on_every_rank(comm, x, f"{backend} registered in place")
+
+    # One row: a view inside the buffer; the other rows stay as they were.
+    inputs = _inputs(count, "bf16", n, seed + 1)
+    x.copy_(inputs[r].view(rows, hidden))
+    comm.all_reduce(x[1])
+    torch.cuda.synchronize()
+    row = slice(hidden, 2 * hidden)
+    _close(x[1], _reference(inputs, "bf16")[row], "bf16", f"{backend} registered row")
+    assert torch.equal(x[0].cpu(), inputs[r][:hidden]), f"{backend} registered: row 0 written"
+    assert torch.equal(x[2].cpu(), inputs[r][2 * hidden:]), f"{backend} registered: row 2 written"
+
+    _warm(comm, x, out)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        comm.all_reduce(x, out=out)
+        comm.all_reduce(x)
+    for replay in range(3):
+        inputs = _inputs(count, "bf16", n, seed + 2 + replay)
+        want = _reference(inputs, "bf16")
+        x.copy_(inputs[r].view(rows, hidden))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        _close(out, want, "bf16", f"{backend} registered graph replay {replay}")
+        _close(x.view(-1), want, "bf16", f"{backend} registered graph replay {replay} in place")
+        _same_on_every_rank(comm, out, f"{backend} registered graph replay {replay}")
+    comm.async_error()
+
+    del g, out
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        comm.close()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)], (
+        f"{backend}: close() did not warn of the live tensor: {[str(w.message) for w in caught]}"
+    )
+    try:
+        comm.all_reduce(x)
+    except comm_rs.Aborted:
+        pass
+    else:
+        raise AssertionError(f"{backend}: all_reduce on a closed communicator did not raise")
+    del x
+    print(f"rank {r}: ok")
+
+
 def suite(backend):
     """Every case above on one backend, each on a communicator of its own."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     eager(backend)
     graph(backend)
     step(backend)
+    registered(backend)
     if backend in ("ipc", "symm-cuda"):
         fused(backend)
     if world > 1:

@@ -127,6 +127,26 @@ def bad_inputs():
     print(f"rank {r}: ok")
 
 
+def registered_unsupported(backend):
+    """Host backends register no memory: empty() raises on every rank, before anything is
+    allocated, and the communicator stays usable; bad shapes and dtypes are refused first."""
+    comm = comm_rs.Communicator.from_env(backend)
+    r, n = comm.rank, comm.world_size
+    why = _raises(comm_rs.Unsupported, comm.empty, (4, 8), "f32")
+    assert "regist" in why, why
+    _raises(comm_rs.Unsupported, comm.empty, 16, dtype="bf16")
+    _raises(comm_rs.InvalidArgument, comm.empty, 0)
+    _raises(comm_rs.InvalidArgument, comm.empty, (3, 0))
+    _raises(comm_rs.InvalidArgument, comm.empty, (2, -1))
+    _raises(comm_rs.InvalidArgument, comm.empty, "big")
+    _raises(comm_rs.Unsupported, comm.empty, 4, "complex64")
+    x = np.ones(8, np.float32)
+    comm.all_reduce(x)
+    assert (x == n).all(), x
+    comm.close()
+    print(f"rank {r}: ok")
+
+
 def peer_dies(backend, victim):
     comm = comm_rs.Communicator.from_env(backend)
     x = np.ones(1000, np.float32)

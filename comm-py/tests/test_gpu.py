@@ -2,7 +2,8 @@
 symm-cuda and auto; NCCL refuses two ranks on one GPU, so it runs a world of one where
 the GPUs are fewer than two). Each backend runs gpu_cases.suite: eager collectives, a
 captured all-reduce replayed, the seeds' step (122 captured calls with a kernel between),
-the fused all-reduce + RMSNorm, the engines' slot.
+tensors in registered memory (Communicator.empty), the fused all-reduce + RMSNorm, the
+engines' slot.
 
 Under pytest: skipped, and reported so, without torch or a GPU. As a script (the device
 suite, where pytest may be missing): runs every case, prints PASS/FAIL per case, and exits

@@ -23,6 +23,11 @@ def test_bad_inputs_raise_on_every_rank(world):
     check(launch(world, "host_cases", "bad_inputs"))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_registered_memory_is_unsupported_on_host_backends(backend):
+    check(launch(2, "host_cases", "registered_unsupported", backend))
+
+
 @pytest.mark.parametrize("backend", ["bootstrap", "symm"])
 @pytest.mark.parametrize("victim", [0, 1])
 def test_a_peer_that_dies_raises_within_the_timeout(backend, victim):
@@ -45,6 +50,7 @@ def test_module_surface():
     names = comm_rs.Communicator.backends()
     for name in ["local", "bootstrap", "symm", "symm-cuda", "ipc", "nccl", "auto"]:
         assert name in names, names
+    assert callable(comm_rs.Communicator.empty) and comm_rs.RegisteredMemory
     for exc in ["Unsupported", "InvalidArgument", "Mismatch", "Timeout", "Aborted",
                 "Bootstrap", "NoDevice", "LibraryMissing", "Backend", "Io"]:
         assert issubclass(getattr(comm_rs, exc), comm_rs.CommError)

@@ -1,7 +1,7 @@
 """Type stubs of the native module (comm-py, PyO3)."""
 
 from types import TracebackType
-from typing import Any, List, Optional, Type, TypeVar, Union
+from typing import Any, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 __version__: str
 
@@ -69,6 +69,12 @@ class Communicator:
         *,
         stream: Optional[int] = None,
     ) -> Tensor: ...
+    def empty(
+        self,
+        shape: Union[int, Sequence[int]],
+        dtype: Union[str, Any, None] = None,
+        device: Union[int, str, Any, None] = None,
+    ) -> Tensor: ...
     def close(self) -> None: ...
     def __enter__(self) -> "Communicator": ...
     def __exit__(
@@ -77,6 +83,27 @@ class Communicator:
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> bool: ...
+
+class RegisteredMemory:
+    """What ``Communicator.empty`` returns when torch is not imported."""
+
+    @property
+    def __cuda_array_interface__(self) -> dict: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[int] = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def freed(self) -> bool: ...
 
 class CommError(RuntimeError): ...
 class Unsupported(CommError): ...
