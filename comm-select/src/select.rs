@@ -741,10 +741,10 @@ impl Communicator for SelectComm {
         })
     }
 
-    /// The first member's asynchronous error, diagnosed as a failed call is: the ranks
-    /// compare their last calls through the bootstrap, so that ranks whose calls disagree
-    /// all get [`Error::Mismatch`] naming them, also where they were routed to different
-    /// members and only a timeout ended the wait. A member that reports an asynchronous
+    /// The first member's asynchronous error. A wait that ended without its peer is
+    /// diagnosed as a failed call is: the ranks compare their last calls through the
+    /// bootstrap, so that ranks whose calls disagree all get [`Error::Mismatch`] naming
+    /// them, also where they were routed to different members. A member that reports an asynchronous
     /// error is unusable, and no member may run a later call that a peer routes elsewhere:
     /// the selector is poisoned.
     fn async_error(&self) -> Result<()> {
@@ -754,9 +754,11 @@ impl Communicator for SelectComm {
         let Err(e) = self.backends.iter().try_for_each(|b| b.comm.async_error()) else {
             return Ok(());
         };
+        // A member whose kernels compared the calls names them already, on every rank; a
+        // wait that ended without its peer may be ranks routed to different members.
         let e = match self.last.get() {
-            Some(last) => self.diagnose(last, e),
-            None => e,
+            Some(last) if leaves_out_of_step(&e) => self.diagnose(last, e),
+            _ => e,
         };
         self.poison_quietly(e.to_string());
         Err(e)
