@@ -210,6 +210,59 @@ __device__ void peer_oneshot_lamport(const PeerArgs& a, const PeerCtx& c, uint64
     }
 }
 
+// oneshot-push over host memory, for all but the smallest messages (a.flagged): rank r
+// stores its input into sender slot peer_slot(r, p) of every peer p's data half of this
+// call's parity, then the agreeing barrier (its release orders those stores before the
+// flag), then every rank reduces the peers' slots in its own half with its own input, in
+// rank order. Where the regions are host memory this moves every byte across the link
+// once each way: Lamport mailboxes must be reset to the sentinel (a second write of every
+// byte), and one-shot pull reads this rank's own data back from host memory. No closing
+// barrier: a peer writes this half again two calls later, after the barrier of the next
+// call, which this rank reaches only once it has read this call's slots. `first`: this
+// thread's first input vector, loaded already. The host keeps (world - 1) slots of the
+// message within a staging half.
+template <int DT, int OP>
+__device__ void peer_oneshot_flagged(const PeerArgs& a, const PeerCtx& c, uint64_t nvec, uint4 first) {
+    const bool aligned = a.aligned != 0;
+    const uint64_t dbuf = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
+    const auto send = [&](uint64_t v, uint4 w) {
+        for (uint32_t k = 1; k < a.world; ++k) {
+            const uint32_t p = (a.rank + k) % a.world;
+            reinterpret_cast<uint4*>(c.region[p] + dbuf)[peer_slot(a.rank, p) * nvec + v] = w;
+        }
+    };
+    const uint64_t v0 = peer_tid(), stride = peer_stride();
+    if (v0 < nvec) send(v0, first);
+    peer_copy_from(
+        v0 + stride, nvec, [&](uint64_t v) { return peer_load_user<DT>(a.input, v, a.count, aligned); }, send);
+    if (!peer_agreeing_barrier(a, c)) return;
+    // Entries in batches of PEER_MAX_RANKS / world, every load of a batch in flight together
+    // (through host memory a load takes a microsecond; one after another they would add up).
+    // Slot i holds entry i / world of rank i % world, so slot order is rank order.
+    const uint4* inbox = reinterpret_cast<const uint4*>(c.region[a.rank] + dbuf);
+    const uint32_t world = a.world, per = PEER_MAX_RANKS / world;
+    for (uint64_t base = v0; base < nvec; base += per * stride) {
+        uint4 s[PEER_MAX_RANKS];
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+            const uint32_t e = i / world, p = i % world;
+            const uint64_t v = base + e * stride;
+            if (e >= per || v >= nvec) continue;
+            s[i] = p == a.rank ? peer_load_user<DT>(a.input, v, a.count, aligned)
+                               : peer_ld_volatile(inbox + peer_slot(p, a.rank) * nvec + v);
+        }
+        float acc[PeerDt<DT>::VEC];
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+            const uint32_t e = i / world, p = i % world;
+            const uint64_t v = base + e * stride;
+            if (e >= per || v >= nvec) continue;
+            peer_fold<DT, OP>(a, acc, s[i], p);
+            if (p + 1 == world) peer_store_user<DT>(a.output, v, a.count, aligned, peer_pack<DT>(acc));
+        }
+    }
+}
+
 // twoshot-push (Lamport): push slice s of the input into rank s's slice mailbox; reduce
 // this rank's slice from every rank's contribution (rank order); push the result into
 // every peer's result mailbox; wait for the other slices' results.
@@ -308,18 +361,24 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(c
     uint32_t calls = 1;
     if constexpr (ALGO == PEER_ONESHOT_PULL) peer_oneshot_pull<DT, OP>(a, c, nvec, first);
     else if constexpr (ALGO == PEER_TWOSHOT_PULL) calls = peer_twoshot_pull<DT, OP>(a, c);
-    else if constexpr (ALGO == PEER_ONESHOT_PUSH) peer_oneshot_lamport<DT, OP, false>(a, c, nvec, first);
+    else if constexpr (ALGO == PEER_ONESHOT_PUSH) {
+        if (a.flagged) peer_oneshot_flagged<DT, OP>(a, c, nvec, first);
+        else peer_oneshot_lamport<DT, OP, false>(a, c, nvec, first);
+    }
     else if constexpr (ALGO == PEER_ONESHOT_LOCAL) peer_oneshot_lamport<DT, OP, true>(a, c, nvec, first);
     else peer_twoshot_push<DT, OP>(a, c, nvec);
     // Push kernels reset what peers wrote while their own data travels; what peers read
     // (a one-shot local buffer) waits until every peer is seen in this call.
     constexpr bool push = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_TWOSHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL;
     constexpr bool oneshot_mailbox = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL;
-    const uint64_t oneshot_used = oneshot_mailbox ? nvec * 16 | (ALGO == PEER_ONESHOT_LOCAL ? PEER_USED_OWN : 0) : 0;
+    // The flagged one-shot push writes no mailbox and has reset none of them yet.
+    const bool flagged = ALGO == PEER_ONESHOT_PUSH && a.flagged;
+    const uint64_t oneshot_used =
+        oneshot_mailbox && !flagged ? nvec * 16 | (ALGO == PEER_ONESHOT_LOCAL ? PEER_USED_OWN : 0) : 0;
     // Two-shot pull has reset the previous call's mailboxes itself, and counts a call per part.
     constexpr bool parts = ALGO == PEER_TWOSHOT_PULL;
     peer_epilogue(a, c, oneshot_used, ALGO == PEER_TWOSHOT_PUSH ? S : 0, ALGO == PEER_TWOSHOT_PUSH ? nvec : 0,
-                  parts ? 0u : push ? PEER_RESET_OWN : PEER_RESET_ALL, calls);
+                  parts ? 0u : push && !flagged ? PEER_RESET_OWN : PEER_RESET_ALL, calls);
 }
 
 template <int ALGO, int DT, int OP> __device__ void peer_all_reduce(const PeerArgs& a) {

@@ -82,7 +82,7 @@ __device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, Box box,
     // The checkers are warp 1 where there is one, so that their loads do not queue ahead of
     // warp 0's first polls.
     const uint32_t p = blockDim.x >= 64 ? threadIdx.x - 32u : threadIdx.x;
-    const bool checker = p < a.world && p != a.rank && !*c.dead;
+    const bool checker = peer_compares_calls(a) && p < a.world && p != a.rank && !*c.dead;
     uint64_t call[PEER_CALL_WORDS];
     if (checker) peer_load_call(peer_call_of(a, c, p), call);
     if (have) {
@@ -92,7 +92,7 @@ __device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, Box box,
     if (checker && !*c.dead && peer_judge_call(a, c, p, call) == 0) peer_await_call(a, c, p, peer_call_of(a, c, p));
     __syncthreads();
     peer_trace_waited(a, c);
-    return !*c.dead;
+    return peer_share_agreement(a, c);
 }
 
 // Vector v of this rank's data into slot `me` (at slot0 + me * slot_bytes) of every peer's

@@ -101,7 +101,7 @@ struct PeerPad {
 struct PeerState {
     uint32_t seq[PEER_MAX_BLOCKS];  // collective calls completed, one copy per block index
     uint32_t abort;  // a spin gave up: every later launch returns at once
-    uint32_t pad;
+    uint32_t agreed;  // host regions: call number + 1 once block 0 found every peer's call the same
     uint64_t used[3][3];  // [mailbox kind][buffer]: bytes per sender slot written by that call
     uint32_t sent[PEER_CHANNELS][PEER_MAX_RANKS];  // signals sent, per channel and peer
     uint32_t seen[PEER_CHANNELS][PEER_MAX_RANKS];  // signals consumed, per channel and peer
@@ -142,6 +142,8 @@ struct PeerArgs {
     uint32_t root;            // broadcast root
     uint32_t peer;            // signal primitives: the peer
     uint32_t channel;         // signal primitives: the channel
+    uint32_t host;            // the regions are host memory mapped into the devices
+    uint32_t flagged;         // one-shot push over host memory: data, then a flag (peer_oneshot_flagged)
     uint32_t call[PEER_CALL_WORDS + 1];  // this call, as every rank must see it (last word unused)
 };
 
@@ -397,6 +399,45 @@ __device__ bool peer_await_call(const PeerArgs& a, const PeerCtx& c, uint32_t p,
     return seen > 0;
 }
 
+// Where the regions are host memory, only block 0 compares the calls, and the launch's
+// other blocks wait for its verdict in this rank's device memory (PeerState.agreed) before
+// they write output. Every block reading the same call slot costs far more there than the
+// bytes suggest: loads of one host-memory line from many SMs complete one after another
+// (one H200, two ranks, 42 KB one-shot push: 2 blocks 14 us, 11 blocks 50 us, almost all
+// of it in the blocks' comparisons of the calls).
+__device__ __forceinline__ bool peer_compares_calls(const PeerArgs& a) {
+    return a.host == 0 || blockIdx.x == 0;
+}
+
+// The end of a first wait (every thread; after its __syncthreads): block 0 tells the other
+// blocks that the calls agree; they wait for that. False when the block must stop.
+__device__ bool peer_share_agreement(const PeerArgs& a, const PeerCtx& c) {
+    if (a.host == 0 || gridDim.x == 1) return !*c.dead;
+    const uint32_t want = c.seq + 1u;
+    if (blockIdx.x == 0) {
+        if (threadIdx.x == 0 && !*c.dead)
+            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&c.state->agreed), "r"(want) : "memory");
+        return !*c.dead;
+    }
+    if (threadIdx.x == 0 && !*c.dead) {
+        const uint64_t start = peer_now();
+        uint32_t spins = 0;
+        while (true) {
+            uint32_t v;
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(&c.state->agreed) : "memory");
+            if ((int32_t)(v - want) >= 0) break;
+            // Block 0 found a difference (or gave up): stop at once.
+            if (*(volatile uint32_t*)&c.state->abort) {
+                *c.dead = 1;
+                break;
+            }
+            if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_CALL, 0, (a.rank + 1u) % a.world)) break;
+        }
+    }
+    __syncthreads();
+    return !*c.dead;
+}
+
 // Every block of a kernel that neither waits on a barrier nor polls data (peer_agree_only):
 // thread p compares peer p's call with this rank's (push kernels fold this into their first
 // wait, pull kernels into their first barrier). False when the block must stop (a mismatch,
@@ -405,7 +446,7 @@ __device__ bool peer_await_call(const PeerArgs& a, const PeerCtx& c, uint32_t p,
 // before.
 __device__ bool peer_check_calls(const PeerArgs& a, const PeerCtx& c) {
     const uint32_t p = threadIdx.x;
-    if (p < a.world && p != a.rank && !*c.dead) peer_await_call(a, c, p, peer_call_of(a, c, p));
+    if (peer_compares_calls(a) && p < a.world && p != a.rank && !*c.dead) peer_await_call(a, c, p, peer_call_of(a, c, p));
     __syncthreads();
     return !*c.dead;
 }
@@ -425,7 +466,8 @@ __device__ bool peer_agreeing_barrier(const PeerArgs& a, const PeerCtx& c) {
     // With a second warp, its thread 32 + q waits for peer q's call while thread q waits for
     // the flag, so the comparison adds no round trip after the flag (one thread's loads of
     // host memory complete one after another); a lone warp looks at the call now and then.
-    const bool split = blockDim.x >= 64;
+    const bool compares = peer_compares_calls(a);
+    const bool split = compares && blockDim.x >= 64;
     const uint32_t q = threadIdx.x - 32u;
     if (split && q < a.world && q != a.rank && !*c.dead) peer_await_call(a, c, q, peer_call_of(a, c, q));
     if (p < a.world && !*c.dead) {
@@ -433,7 +475,7 @@ __device__ bool peer_agreeing_barrier(const PeerArgs& a, const PeerCtx& c) {
         if (p != a.rank) {
             const uint32_t* flag = &peer_pad(c, a.rank)->flags[0][blockIdx.x][p];
             const PeerCall* slot = peer_call_of(a, c, p);
-            int seen = split ? 1 : 0;
+            int seen = split || !compares ? 1 : 0;
             if ((int32_t)(peer_ld_acquire(flag, gpu) - value) < 0) {
                 const uint64_t start = peer_now();
                 uint32_t spins = 0;
@@ -448,7 +490,7 @@ __device__ bool peer_agreeing_barrier(const PeerArgs& a, const PeerCtx& c) {
     }
     __syncthreads();
     peer_trace_waited(a, c);
-    return !*c.dead;
+    return peer_share_agreement(a, c);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -91,8 +91,9 @@ impl Algorithm {
     /// in graphs). Push (Lamport: no barrier, the data is its own flag) at every size, since it
     /// was measured faster than pull wherever both run: over NVLink 4.2 against 5.7 us at 32
     /// KiB, 9.1 against 10.7 at 1 MiB; through host memory 9.8 against 12.7 at 8 KiB. A
-    /// message larger than the mailboxes, or ranks that share a device (but for ranks that
-    /// all share one device's memory, at one-shot sizes), run the pull variant
+    /// message larger than the mailboxes, or ranks that share a device (but at one-shot sizes
+    /// for ranks that all share one device's memory, or whose regions are host memory), run
+    /// the pull variant
     /// ([`PeerComm::algorithm_for`]), and so does an input in a registered buffer
     /// ([`PeerComm::alloc`]), which the pull variants read where it lies.
     ///
@@ -120,7 +121,8 @@ impl Algorithm {
             let auto = Algorithm::auto(memory.world, bytes);
             if memory.host && memory.sharing == 1 && bytes >= COPIES_FROM {
                 Algorithm::OneshotCopy
-            } else if memory.sharing > 1 && !(auto == Algorithm::OneshotPush && memory.one_device())
+            } else if memory.sharing > 1
+                && !(auto == Algorithm::OneshotPush && (memory.one_device() || memory.host))
             {
                 auto.pull()
             } else {
@@ -274,9 +276,12 @@ mod tests {
         assert_eq!(resolve(64 * MIB, true, 1), Algorithm::OneshotCopy);
         assert_eq!(resolve(COPIES_FROM - 16, true, 1), Algorithm::TwoshotPush);
         assert_eq!(resolve(42 << 10, true, 1), Algorithm::OneshotPush);
-        // Ranks sharing a device through host memory: the pull variants, never copies.
+        // Ranks sharing a device through host memory: one-shot push, then two-shot pull,
+        // never copies.
         assert_eq!(resolve(64 * MIB, true, 2), Algorithm::TwoshotPull);
-        assert_eq!(resolve(42 << 10, true, 2), Algorithm::OneshotPull);
+        assert_eq!(resolve(MIB, true, 2), Algorithm::TwoshotPull);
+        assert_eq!(resolve(42 << 10, true, 2), Algorithm::OneshotPush);
+        assert_eq!(resolve(8, true, 2), Algorithm::OneshotPush);
         // Device memory: never copies by default.
         assert_eq!(resolve(64 * MIB, false, 1), Algorithm::TwoshotPull);
         assert_eq!(resolve(4 * MIB, false, 1), Algorithm::TwoshotPush);
@@ -300,8 +305,9 @@ mod tests {
         }
         // Some ranks share a device, but not all one: the regions are not one memory.
         assert_eq!(resolve(42 << 10, on(4, 2, false)), Algorithm::OneshotPull);
-        // One device's ranks over host memory: pull.
-        assert_eq!(resolve(42 << 10, on(2, 2, true)), Algorithm::OneshotPull);
+        // One device's ranks over host memory: push at one-shot sizes.
+        assert_eq!(resolve(42 << 10, on(2, 2, true)), Algorithm::OneshotPush);
+        assert_eq!(resolve(4 * MIB, on(2, 2, true)), Algorithm::TwoshotPull);
         // Push too large for the mailboxes still pulls.
         let small_mailbox = Memory {
             mailbox: 16 << 10,

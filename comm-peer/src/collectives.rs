@@ -35,7 +35,20 @@ impl Plan {
     }
 }
 
+/// Over host memory, one-shot push messages of at least this many bytes go as data and then
+/// a flag (the kernel's `peer_oneshot_flagged`) rather than by Lamport mailboxes.
+pub(crate) const FLAGGED_FROM: usize = 16 << 10;
+
 impl PeerComm {
+    /// Whether a one-shot push launch of `bytes` goes as data and then a flag: over host
+    /// memory, from [`FLAGGED_FROM`] bytes, where every peer's copy fits a staging half.
+    fn pushes_flagged(&self, bytes: usize) -> bool {
+        let world = self.group.world_size();
+        self.group.host_memory()
+            && bytes >= FLAGGED_FROM
+            && (world - 1) * bytes.next_multiple_of(16) <= self.layout.cap
+    }
+
     fn grid(&self, work: usize) -> (u32, u32) {
         (
             blocks(
@@ -156,6 +169,9 @@ impl PeerComm {
                 inputs: plan.zero_copy.map_or(0, |(table, _)| table),
                 in_off: plan.zero_copy.map_or(0, |(_, in_off)| in_off + at),
                 part: part as u64,
+                flagged: u32::from(
+                    plan.algorithm == Algorithm::OneshotPush && self.pushes_flagged(chunk.bytes),
+                ),
                 ..self.io_args(&agreed, send_addr + at, recv_addr + at, count as u64)
             };
             let work = all_reduce_work(

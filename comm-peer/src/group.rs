@@ -247,6 +247,7 @@ impl PeerGroup {
             rank: self.rank as u32,
             world: self.world as u32,
             gpu_scope: u32::from(self.same_device()),
+            host: u32::from(self.host_memory()),
             ..PeerArgs::default()
         }
     }

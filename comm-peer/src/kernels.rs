@@ -73,6 +73,8 @@ pub(crate) struct PeerArgs {
     pub root: u32,
     pub peer: u32,
     pub channel: u32,
+    pub host: u32,
+    pub flagged: u32,
     /// The call every rank must make alike ([`crate::calls`]), compared on the device.
     pub call: CallWords,
 }

@@ -17,10 +17,27 @@ __device__ __forceinline__ u64 probe_ld(const u64* p) {
     return v;
 }
 
-__device__ __forceinline__ uint4 probe_ld4(const uint4* p) {
+// A 16-byte load of `flavor`: 0 volatile (relaxed, system scope as PTX maps it), 1
+// ld.relaxed.sys, 2 a weak load that fetches again (.cv: cached system-memory lines are stale),
+// 3 a weak load with the default cache operator, 4 ld.acquire.sys (of the first word only).
+__device__ __forceinline__ uint4 probe_ld4_as(const uint4* p, int flavor) {
     uint4 v;
-    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    if (flavor == 0)
+        asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    else if (flavor == 1)
+        asm volatile("ld.relaxed.sys.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    else if (flavor == 2)
+        asm volatile("ld.global.cv.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    else if (flavor == 3)
+        asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    else {
+        asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v.x) : "l"(p) : "memory");
+        v.y = v.z = v.w = 0;
+    }
     return v;
 }
 
@@ -40,11 +57,11 @@ extern "C" __global__ void host_probe_chase(const u64* chain, u64 steps, u64* ti
     times[1] = i;
 }
 
-// Every thread of the grid reads (write == 0) or writes (write != 0) the 16-byte vectors
+// Every thread of the grid reads (write == 0; loads of `flavor`, probe_ld4_as) or writes (write != 0) the 16-byte vectors
 // tid, tid + stride, ... < nvec of `buf`, as a one-shot all-reduce reads its peers' data.
 // Each block records its start and end (times[2 * block], times[2 * block + 1]) so that the
 // host can take the grid's span without the launch; a read's xor goes to sink.
-extern "C" __global__ void host_probe_move(uint4* buf, u64 nvec, int write, u64* times, uint4* sink) {
+extern "C" __global__ void host_probe_move(uint4* buf, u64 nvec, int write, u64* times, uint4* sink, int flavor) {
     __syncthreads();
     const u64 t0 = probe_now();
     const u64 stride = (u64)gridDim.x * blockDim.x;
@@ -57,7 +74,7 @@ extern "C" __global__ void host_probe_move(uint4* buf, u64 nvec, int write, u64*
         __threadfence_system();
     } else {
         for (u64 v = (u64)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += stride) {
-            const uint4 x = probe_ld4(buf + v);
+            const uint4 x = probe_ld4_as(buf + v, flavor);
             acc.x ^= x.x; acc.y ^= x.y; acc.z ^= x.z; acc.w ^= x.w;
         }
     }
@@ -125,4 +142,35 @@ extern "C" __global__ void host_probe_load_after_writes(uint4* wbuf, u64 nvec, i
     const u64 t2 = probe_now();
     times[0] = t2 - t1;
     times[1] = t1 - t0;
+}
+
+// One thread issues K independent 16-byte loads of `flavor` (probe_ld4_as) from `buf`,
+// `pitch` vectors apart (a line and a page of their own each), all before it uses any:
+// times[0] = ns from the first issue until every value is in. If the loads complete one
+// after another, it grows by a round trip per load; in flight together, by little.
+template <int K>
+__device__ __forceinline__ void probe_burst(const uint4* buf, u64 pitch, int flavor, u64* times, uint4* sink) {
+    uint4 x[K];
+    const u64 t0 = probe_now();
+#pragma unroll
+    for (int i = 0; i < K; ++i) x[i] = probe_ld4_as(buf + i * pitch, flavor);
+    uint4 acc = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+        acc.x ^= x[i].x; acc.y ^= x[i].y; acc.z ^= x[i].z; acc.w ^= x[i].w;
+    }
+    // The store of the result waits for every load; the clock is read after it.
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};"
+                 :: "l"(sink), "r"(acc.x), "r"(acc.y), "r"(acc.z), "r"(acc.w) : "memory");
+    times[0] = probe_now() - t0;
+}
+
+extern "C" __global__ void host_probe_burst(const uint4* buf, u64 k, u64 pitch, int flavor, u64* times, uint4* sink) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    switch (k) {
+    case 1: probe_burst<1>(buf, pitch, flavor, times, sink); break;
+    case 2: probe_burst<2>(buf, pitch, flavor, times, sink); break;
+    case 4: probe_burst<4>(buf, pitch, flavor, times, sink); break;
+    default: probe_burst<8>(buf, pitch, flavor, times, sink); break;
+    }
 }

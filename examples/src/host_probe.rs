@@ -1,7 +1,7 @@
 //! `host-probe`: what a GPU pays to reach pinned host memory mapped into it, the memory
 //! comm-symm's host backing runs on where GPUs have no peer access.
 //!
-//! Three measurements, from the kernels of `host_probe.cu`, each timed on the GPU
+//! Five measurements, from the kernels of `host_probe.cu`, each timed on the GPU
 //! (`%globaltimer`), so that no launch is counted:
 //! - **chase**: one thread follows a chain of dependent loads through host memory (and,
 //!   for comparison, through device memory): the round trip of one load;
@@ -16,6 +16,10 @@
 //!   comm-symm's host backing maps its heap) and in VMM host memory (`cuMemCreate` on the
 //!   host NUMA node), each with and without a system fence after
 //!   each write, on one page or on a new page each round (as rotating mailboxes are);
+//! - **bursts**: one thread issues 1-8 independent loads of host memory before it uses any,
+//!   of each kind (volatile, relaxed.sys, weak `.cv`, weak, acquire.sys): do they travel
+//!   together (one round trip) or one after another (on one H200: together, but for
+//!   acquire loads, each a round trip of its own)?
 //! - **load after writes**: one load of host memory right after one block stored a message
 //!   into host (or device) memory, as a push all-reduce polls its mailbox after pushing: if
 //!   the GPU's reads wait behind its own writes to host memory, the load grows with them.
@@ -197,6 +201,7 @@ struct Gpu {
     moves: CudaFunction,
     pingpong: CudaFunction,
     load_after_writes: CudaFunction,
+    burst: CudaFunction,
 }
 
 impl Gpu {
@@ -209,6 +214,7 @@ impl Gpu {
             moves: cache.function(ctx, &HOST_PROBE, "host_probe_move")?,
             pingpong: cache.function(ctx, &HOST_PROBE, "host_probe_pingpong")?,
             load_after_writes: cache.function(ctx, &HOST_PROBE, "host_probe_load_after_writes")?,
+            burst: cache.function(ctx, &HOST_PROBE, "host_probe_burst")?,
             memory,
         })
     }
@@ -281,8 +287,10 @@ pub struct Move {
     pub bytes: usize,
     /// Blocks of 512 threads.
     pub blocks: u32,
-    /// Median span of a read, us.
+    /// Median span of a read by volatile loads, us.
     pub read_us: f64,
+    /// Median span of a read by weak loads that fetch again (`.cv`), us.
+    pub read_cv_us: f64,
     /// Median span of a write, us.
     pub write_us: f64,
 }
@@ -300,6 +308,28 @@ pub struct Report {
     pub pingpongs: Vec<PingPong>,
     /// One host load after a block's writes, by bytes, memory written and fence.
     pub after_writes: Vec<LoadAfterWrites>,
+    /// One thread's independent loads of host memory, by kind and number.
+    pub bursts: Vec<Burst>,
+}
+
+/// The loads of [`Burst`] (`probe_ld4_as` in `host_probe.cu`).
+pub const LOAD_KINDS: [&str; 5] = ["volatile", "relaxed.sys", "weak .cv", "weak", "acquire.sys"];
+const LOAD_VOLATILE: i32 = 0;
+const LOAD_CV: i32 = 2;
+/// Loads one thread issues together in a burst.
+pub const BURST_LOADS: [u64; 4] = [1, 2, 4, 8];
+
+/// One thread's `loads` independent 16-byte loads of host memory of kind `kind` (an index
+/// of [`LOAD_KINDS`]), all issued before any is used: do they complete together, or one
+/// after another?
+#[derive(Debug, Clone, Copy)]
+pub struct Burst {
+    /// Index into [`LOAD_KINDS`].
+    pub kind: usize,
+    /// Loads in the burst.
+    pub loads: u64,
+    /// Median ns from the first issue until all are in.
+    pub ns: f64,
 }
 
 /// One load of host memory timed right after one block of 512 threads stored `bytes`.
@@ -372,20 +402,24 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
         }
         for &blocks in grids {
             let blocks = blocks.clamp(1, 1024);
-            let mut spans = [Vec::new(), Vec::new()];
+            let mut spans = [Vec::new(), Vec::new(), Vec::new()];
             for _ in 0..reps {
-                for (write, span) in spans.iter_mut().enumerate() {
+                // read (volatile), write, read (.cv)
+                for (kind, span) in spans.iter_mut().enumerate() {
+                    let (write, mut flavor) =
+                        (kind == 1, if kind == 2 { LOAD_CV } else { LOAD_VOLATILE });
                     if cursor + bytes > WALK_BYTES {
                         cursor = 0;
                     }
                     let mut buf = walk_dev + cursor as u64;
                     cursor += bytes.next_multiple_of(4096);
                     let mut nvec = (bytes / 16) as u64;
-                    let mut write = write as i32;
+                    let mut write = i32::from(write);
                     let (mut out, mut sink_ptr) = (times_dev, sink_dev);
-                    let mut params = comm_core::kernel_params![buf, nvec, write, out, sink_ptr];
-                    // SAFETY: (uint4* buf, u64 nvec, int write, u64* times, uint4* sink): buf
-                    // holds nvec vectors of the walk, times 2 * blocks words, sink one.
+                    let mut params =
+                        comm_core::kernel_params![buf, nvec, write, out, sink_ptr, flavor];
+                    // SAFETY: (uint4* buf, u64 nvec, int write, u64* times, uint4* sink, int
+                    // flavor): buf holds nvec vectors of the walk, times 2 * blocks words, sink one.
                     unsafe { gpu.launch(&gpu.moves, blocks, THREADS, &mut params)? };
                     gpu.memory.synchronize()?;
                     let first = (0..blocks as usize).map(|b| times.word(2 * b)).min();
@@ -393,16 +427,18 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
                     span.push(last.unwrap_or(0).saturating_sub(first.unwrap_or(0)) as f64 / 1e3);
                 }
             }
-            let [read, write] = spans.map(median);
+            let [read, write, read_cv] = spans.map(median);
             moves.push(Move {
                 bytes,
                 blocks,
                 read_us: read,
+                read_cv_us: read_cv,
                 write_us: write,
             });
         }
     }
     let after_writes = loads_after_writes(&gpu, &walk, reps)?;
+    let bursts = bursts(&gpu, &walk, &mut cursor, reps)?;
     // With one GPU the other side is a second stream of it (another DeviceMemory).
     let two_gpus = gpus > 1;
     let other = Gpu::new((ordinal + usize::from(two_gpus)) % gpus)?;
@@ -431,7 +467,47 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
         moves,
         pingpongs,
         after_writes,
+        bursts,
     })
+}
+
+/// Every [`Burst`] of every load kind, `reps` times each, on fresh pages of `walk` (from
+/// `cursor` on), so that no load finds its line cached.
+fn bursts(gpu: &Gpu, walk: &Pinned, cursor: &mut usize, reps: usize) -> Result<Vec<Burst>> {
+    let ctx = gpu.ctx();
+    let times = Pinned::new(ctx, 64)?;
+    let sink = gpu.memory.alloc(comm_core::DType::U8, 16)?;
+    let walk_dev = walk.device(ctx)?;
+    let pitch_bytes = 4096 + 256;
+    let mut out = Vec::new();
+    for kind in 0..LOAD_KINDS.len() {
+        for loads in BURST_LOADS {
+            let mut spans = Vec::new();
+            for _ in 0..reps {
+                let span = loads as usize * pitch_bytes;
+                if *cursor + span > WALK_BYTES {
+                    *cursor = 0;
+                }
+                let mut buf = walk_dev + *cursor as u64;
+                *cursor += span.next_multiple_of(4096);
+                let (mut k, mut pitch, mut flavor) =
+                    (loads, (pitch_bytes / 16) as u64, kind as i32);
+                let (mut t, mut s) = (times.device(ctx)?, sink.buffer().device_ptr());
+                let mut params = comm_core::kernel_params![buf, k, pitch, flavor, t, s];
+                // SAFETY: (const uint4* buf, u64 k, u64 pitch, int flavor, u64* times, uint4*
+                // sink): buf holds k vectors `pitch` apart, times one word, sink one vector.
+                unsafe { gpu.launch(&gpu.burst, 1, 32, &mut params)? };
+                gpu.memory.synchronize()?;
+                spans.push(times.word(0) as f64);
+            }
+            out.push(Burst {
+                kind,
+                loads,
+                ns: median(spans),
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// One host load after each of `AFTER_WRITES` bytes of stores into host memory (the start

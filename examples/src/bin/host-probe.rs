@@ -7,7 +7,7 @@
 
 use std::process::ExitCode;
 
-use comm_examples::host_probe::measure;
+use comm_examples::host_probe::{BURST_LOADS, LOAD_KINDS, measure};
 use comm_examples::perf::args::parse_sizes;
 
 const USAGE: &str = "usage: host-probe [--device N] [--sizes LIST] [--blocks LIST] [--reps N]";
@@ -114,19 +114,33 @@ fn main() -> ExitCode {
             w.issue_ns
         );
     }
+    println!("one thread's independent 16-byte loads of host memory, all issued first (ns):");
+    print!("{:>12}", "loads");
+    for n in BURST_LOADS {
+        print!(" {n:>8}");
+    }
+    println!();
+    for (kind, name) in LOAD_KINDS.iter().enumerate() {
+        print!("{name:>12}");
+        for b in report.bursts.iter().filter(|b| b.kind == kind) {
+            print!(" {:>8.0}", b.ns);
+        }
+        println!();
+    }
     println!(
-        "{:>10} {:>7} {:>10} {:>10} {:>11} {:>11}",
-        "bytes", "blocks", "read us", "write us", "read GB/s", "write GB/s"
+        "{:>10} {:>7} {:>10} {:>12} {:>10} {:>11} {:>11}",
+        "bytes", "blocks", "read us", "read .cv us", "write us", "read GB/s", "write GB/s"
     );
     for m in report.moves {
         let gbs = |us: f64| m.bytes as f64 / us / 1e3;
         println!(
-            "{:>10} {:>7} {:>10.2} {:>10.2} {:>11.1} {:>11.1}",
+            "{:>10} {:>7} {:>10.2} {:>12.2} {:>10.2} {:>11.1} {:>11.1}",
             m.bytes,
             m.blocks,
             m.read_us,
+            m.read_cv_us,
             m.write_us,
-            gbs(m.read_us),
+            gbs(m.read_us.min(m.read_cv_us)),
             gbs(m.write_us)
         );
     }
