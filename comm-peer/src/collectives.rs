@@ -37,7 +37,7 @@ impl Plan {
 
 /// Over host memory, one-shot push messages of at least this many bytes go as data and then
 /// a flag (the kernel's `peer_oneshot_flagged`) rather than by Lamport mailboxes.
-pub(crate) const FLAGGED_FROM: usize = 16 << 10;
+pub const FLAGGED_FROM: usize = 16 << 10;
 
 impl PeerComm {
     /// Whether a one-shot push launch of `bytes` goes as data and then a flag: over host

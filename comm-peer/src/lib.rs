@@ -10,7 +10,9 @@
 //! (`kernels/peer_io.cuh`, `peer_sync.cuh`, `peer_lamport.cuh`, `peer_collectives.cu`) holds
 //! every kernel: one-shot/two-shot all-reduce by pull (flag barrier: counters stored with
 //! release, read with acquire, two alternating sets, no peer atomics) or push (Lamport:
-//! sentinel-filled mailboxes, three rotating buffers, no barrier), or by the copy engines
+//! sentinel-filled mailboxes, three rotating buffers, no barrier; over host memory, from
+//! [`FLAGGED_FROM`] bytes, data then a flag, so that every byte crosses the link once each
+//! way), or by the copy engines
 //! (`copies`: kernels only signal and sum; for regions in host memory), reduce-scatter,
 //! all-gather, broadcast, the fused all-reduce + residual + RMSNorm, and signal
 //! primitives. A message larger than the staging areas (`max_bytes` of [`PeerConfig`])
@@ -58,6 +60,7 @@ mod trace;
 mod zero_copy;
 
 pub use algorithm::Algorithm;
+pub use collectives::FLAGGED_FROM;
 pub use comm::{COPIES_FROM, MakeSource, PeerComm, device_for, refuse_join};
 pub use config::PeerConfig;
 pub use group::{HOST_MARGIN, PeerGroup, Ready, init_buffer, init_region};

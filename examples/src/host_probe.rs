@@ -32,6 +32,7 @@ use comm_core::cuda::stream::cu_stream;
 use comm_core::cuda::{DeviceMemory, KernelCache, KernelSource, device_count, driver_error};
 use comm_core::{Error, Result};
 use comm_symm::cuda::VmmMapping;
+use serde::{Deserialize, Serialize};
 
 /// The probe kernels.
 pub const HOST_PROBE: KernelSource = KernelSource {
@@ -633,6 +634,150 @@ impl Flags {
     }
 }
 
+/// The floors under an all-reduce through host memory, from one run of the probes: what
+/// `host-probe --json` writes and `host-floor` reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Floors {
+    /// One dependent load of host memory, ns.
+    pub host_load_ns: f64,
+    /// A flag's trip through host memory: the least half round of the ping-pongs, ns.
+    pub flag_ns: f64,
+    /// A system fence with nothing to drain (its issue after no stores), ns.
+    pub fence_ns: f64,
+    /// By message size, ascending: the fastest read and fenced write over the grids.
+    pub moves: Vec<FloorMove>,
+}
+
+/// The fastest read and write of one message size (us).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FloorMove {
+    /// Message bytes.
+    pub bytes: usize,
+    /// Fastest read over the grids, us.
+    pub read_us: f64,
+    /// Fastest write (ended by a system fence) over the grids, us.
+    pub write_us: f64,
+}
+
+/// The floor of one all-reduce of a size, in the pieces it adds up from (us).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FloorTerms {
+    /// Writing the message into host memory, fenced (0 where the data is its own flag).
+    pub write_us: f64,
+    /// The flag's trip.
+    pub flag_us: f64,
+    /// Reading the peers' message back (beyond the first load, where the flag trip holds it).
+    pub read_us: f64,
+}
+
+impl FloorTerms {
+    /// The floor: the pieces one after another.
+    pub fn total(&self) -> f64 {
+        self.write_us + self.flag_us + self.read_us
+    }
+}
+
+impl Floors {
+    /// The floors of `report`; an error where no ping-pong succeeded or no size was moved.
+    pub fn from_report(report: &Report) -> Result<Self> {
+        let flag_ns = report
+            .pingpongs
+            .iter()
+            .filter_map(|p| p.one_way_ns.as_ref().ok().copied())
+            .min_by(f64::total_cmp)
+            .ok_or_else(|| Error::InvalidArgument("host-probe: no ping-pong succeeded".into()))?;
+        let fence_ns = report
+            .after_writes
+            .iter()
+            .find(|w| w.into_host && w.fence && w.bytes == 0)
+            .map_or(0.0, |w| w.issue_ns);
+        let mut sizes: Vec<usize> = report.moves.iter().map(|m| m.bytes).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        if sizes.is_empty() {
+            return Err(Error::InvalidArgument(
+                "host-probe: no size was moved".into(),
+            ));
+        }
+        let best = |bytes: usize, f: fn(&Move) -> f64| {
+            report
+                .moves
+                .iter()
+                .filter(|m| m.bytes == bytes)
+                .map(f)
+                .min_by(f64::total_cmp)
+                .unwrap_or(f64::NAN)
+        };
+        let moves = sizes
+            .into_iter()
+            .map(|bytes| FloorMove {
+                bytes,
+                read_us: best(bytes, |m| m.read_us.min(m.read_cv_us)),
+                write_us: best(bytes, |m| m.write_us),
+            })
+            .collect();
+        Ok(Floors {
+            host_load_ns: report.host_load_ns,
+            flag_ns,
+            fence_ns,
+            moves,
+        })
+    }
+
+    /// The floor of a one-shot all-reduce of `bytes` per rank through host memory, as the
+    /// kernels move it: below `flagged_from` bytes the data is its own flag (Lamport: the
+    /// flag's trip, then whatever of the read one load does not cover); from there the
+    /// data, a fence, a flag, then the read. Reads and writes of sizes between the probed
+    /// ones are interpolated linearly (from one load and one fence at 0 bytes), beyond the
+    /// largest extended along its last segment.
+    pub fn one_shot(&self, bytes: usize, flagged_from: usize) -> FloorTerms {
+        let load_us = self.host_load_ns / 1e3;
+        let read = interpolate(
+            bytes,
+            load_us,
+            self.moves.iter().map(|m| (m.bytes, m.read_us)),
+        );
+        let flag_us = self.flag_ns / 1e3;
+        if bytes < flagged_from {
+            return FloorTerms {
+                write_us: 0.0,
+                flag_us,
+                read_us: (read - load_us).max(0.0),
+            };
+        }
+        let write = interpolate(
+            bytes,
+            self.fence_ns / 1e3,
+            self.moves.iter().map(|m| (m.bytes, m.write_us)),
+        );
+        FloorTerms {
+            write_us: write,
+            flag_us,
+            read_us: read,
+        }
+    }
+}
+
+/// The value at `x` of the piecewise-linear curve through (0, `at_zero`) and `points`
+/// (ascending), extended beyond the last point along the last segment.
+fn interpolate(x: usize, at_zero: f64, points: impl Iterator<Item = (usize, f64)>) -> f64 {
+    let mut prev = (0usize, at_zero);
+    let mut last_slope = 0.0;
+    for (px, py) in points {
+        if px == prev.0 {
+            prev = (px, py);
+            continue;
+        }
+        let slope = (py - prev.1) / (px - prev.0) as f64;
+        if x <= px {
+            return prev.1 + slope * (x - prev.0) as f64;
+        }
+        last_slope = slope;
+        prev = (px, py);
+    }
+    prev.1 + last_slope * (x - prev.0) as f64
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
@@ -641,6 +786,106 @@ fn median(mut v: Vec<f64>) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn floors() -> Floors {
+        Floors {
+            host_load_ns: 1000.0,
+            flag_ns: 2000.0,
+            fence_ns: 1000.0,
+            moves: vec![
+                FloorMove {
+                    bytes: 40_000,
+                    read_us: 3.0,
+                    write_us: 2.0,
+                },
+                FloorMove {
+                    bytes: 1_000_000,
+                    read_us: 21.0,
+                    write_us: 20.0,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn reads_and_writes_between_probed_sizes_are_interpolated() {
+        let f = floors();
+        // At a probed size: write + flag + read.
+        let at = f.one_shot(40_000, 16_384);
+        assert_eq!((at.write_us, at.flag_us, at.read_us), (2.0, 2.0, 3.0));
+        assert_eq!(at.total(), 7.0);
+        // Half way between 0 and the first size: from one fence and one load.
+        let half = f.one_shot(20_000, 16_384);
+        assert!((half.write_us - 1.5).abs() < 1e-9 && (half.read_us - 2.0).abs() < 1e-9);
+        // Beyond the largest, along the last segment.
+        let beyond = f.one_shot(1_960_000, 16_384);
+        assert!((beyond.read_us - 39.0).abs() < 1e-9, "{beyond:?}");
+        assert!((beyond.write_us - 38.0).abs() < 1e-9, "{beyond:?}");
+    }
+
+    #[test]
+    fn small_messages_are_their_own_flag() {
+        let f = floors();
+        let tiny = f.one_shot(8, 16_384);
+        assert_eq!(tiny.write_us, 0.0);
+        assert_eq!(tiny.flag_us, 2.0);
+        assert!(tiny.read_us < 1e-3, "{tiny:?}");
+        assert!(f.one_shot(16_384, 16_384).write_us > 0.0);
+    }
+
+    #[test]
+    fn floors_take_the_best_grid_and_the_fastest_flag() {
+        let pingpong = |ns: Result<f64>| PingPong {
+            two_gpus: false,
+            memory: HostMemory::Allocated,
+            fence: true,
+            pages: 1,
+            one_way_ns: ns,
+        };
+        let report = Report {
+            host_load_ns: 1100.0,
+            device_load_ns: 190.0,
+            moves: vec![
+                Move {
+                    bytes: 43008,
+                    blocks: 2,
+                    read_us: 5.0,
+                    read_cv_us: 4.9,
+                    write_us: 1.9,
+                },
+                Move {
+                    bytes: 43008,
+                    blocks: 16,
+                    read_us: 2.6,
+                    read_cv_us: 2.7,
+                    write_us: 2.0,
+                },
+            ],
+            pingpongs: vec![
+                pingpong(Ok(2100.0)),
+                pingpong(Err(Error::InvalidArgument("lost".into()))),
+                pingpong(Ok(1800.0)),
+            ],
+            after_writes: vec![LoadAfterWrites {
+                bytes: 0,
+                into_host: true,
+                fence: true,
+                load_ns: 1150.0,
+                issue_ns: 990.0,
+            }],
+            bursts: Vec::new(),
+        };
+        let f = Floors::from_report(&report).unwrap();
+        assert_eq!(f.flag_ns, 1800.0);
+        assert_eq!(f.fence_ns, 990.0);
+        assert_eq!(f.moves.len(), 1);
+        assert_eq!((f.moves[0].read_us, f.moves[0].write_us), (2.6, 1.9));
+        let no_flag = Report {
+            pingpongs: vec![pingpong(Err(Error::InvalidArgument("lost".into())))],
+            ..report
+        };
+        assert!(Floors::from_report(&no_flag).is_err());
+    }
 
     #[test]
     fn the_chain_visits_every_link_once_from_word_zero() {

@@ -22,6 +22,7 @@ pub mod copy_probe;
 pub mod figures;
 pub mod gpu;
 pub mod graph;
+pub mod host_floor;
 pub mod host_probe;
 pub mod launch;
 pub mod launch_cost;

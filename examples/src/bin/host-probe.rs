@@ -3,20 +3,27 @@
 //!
 //! ```text
 //! host-probe [--device N] [--sizes 8K,43008,256K,1M] [--blocks 1,2,4,8,16,32] [--reps 50]
+//!            [--json FILE]
 //! ```
+//!
+//! `--json` also writes the floors the figures give (`comm_examples::host_probe::Floors`:
+//! one load, the fastest flag trip, a fence, the fastest read and write of each size),
+//! which `host-floor` sets beside all-reduce figures of the same run.
 
 use std::process::ExitCode;
 
-use comm_examples::host_probe::{BURST_LOADS, LOAD_KINDS, measure};
+use comm_examples::host_probe::{BURST_LOADS, Floors, LOAD_KINDS, measure};
 use comm_examples::perf::args::parse_sizes;
 
-const USAGE: &str = "usage: host-probe [--device N] [--sizes LIST] [--blocks LIST] [--reps N]";
+const USAGE: &str =
+    "usage: host-probe [--device N] [--sizes LIST] [--blocks LIST] [--reps N] [--json FILE]";
 
 struct Options {
     device: usize,
     sizes: Vec<usize>,
     blocks: Vec<u32>,
     reps: usize,
+    json: Option<std::path::PathBuf>,
 }
 
 fn parse() -> Result<Option<Options>, String> {
@@ -25,6 +32,7 @@ fn parse() -> Result<Option<Options>, String> {
         sizes: vec![8 << 10, 43008, 256 << 10, 1 << 20],
         blocks: vec![1, 2, 4, 8, 16, 32],
         reps: 50,
+        json: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -39,6 +47,7 @@ fn parse() -> Result<Option<Options>, String> {
         match flag.as_str() {
             "--device" => o.device = number(&value)?,
             "--reps" => o.reps = number(&value)?.max(1),
+            "--json" => o.json = Some(value.into()),
             "--sizes" => {
                 o.sizes = parse_sizes(&value, None)
                     .map_err(|e| e.to_string())?
@@ -70,6 +79,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(path) = &o.json {
+        let written = Floors::from_report(&report).and_then(|floors| {
+            let text = serde_json::to_string_pretty(&floors).map_err(std::io::Error::other)?;
+            std::fs::write(path, text + "\n").map_err(comm_core::Error::from)
+        });
+        if let Err(e) = written {
+            eprintln!("host-probe: {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
     println!(
         "# host-probe: GPU {}, pinned host memory mapped into it; GPU times, medians of {}",
         o.device, o.reps

@@ -1,0 +1,211 @@
+//! `host-floor`: all-reduce figures through host memory beside the floor model of the same
+//! run's probes ([`Floors`]), and beside NCCL where it was measured: the table issue-style
+//! targets are stated in ("each size within 1.3x of the floor, the model and its inputs
+//! printed beside it").
+//!
+//! Inputs are `allreduce-perf --json` files (several runs each: medians) and one
+//! `host-probe --json` file. Per file and size the fastest out-of-place row of the backend
+//! counts (a file may hold several algorithms); across files, the median.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::host_probe::Floors;
+use crate::perf::Row;
+
+/// The rows of an `allreduce-perf --json` file (its run's description is not needed here).
+#[derive(Debug, serde::Deserialize)]
+pub struct PerfFile {
+    /// One entry per (backend, algorithm, size).
+    pub results: Vec<Row>,
+}
+
+/// Figures of one measurement over its runs: by message bytes, the median over the runs
+/// of each run's fastest time (us).
+pub type Medians = BTreeMap<u64, f64>;
+
+/// The medians of `backend`'s out-of-place times in `runs` (each run's rows).
+pub fn medians(runs: &[Vec<Row>], backend: &str) -> Medians {
+    let mut by_size: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+    for run in runs {
+        let mut best: BTreeMap<u64, f64> = BTreeMap::new();
+        for row in run.iter().filter(|r| r.backend == backend) {
+            if let Some(t) = row.out_of_place {
+                let slot = best.entry(row.bytes).or_insert(f64::INFINITY);
+                *slot = slot.min(t.time_us);
+            }
+        }
+        for (bytes, us) in best {
+            by_size.entry(bytes).or_default().push(us);
+        }
+    }
+    by_size
+        .into_iter()
+        .map(|(bytes, mut v)| {
+            v.sort_by(f64::total_cmp);
+            (bytes, v[v.len() / 2])
+        })
+        .collect()
+}
+
+/// What one table sets side by side.
+#[derive(Debug)]
+pub struct Inputs<'a> {
+    /// The probes of the run.
+    pub floors: &'a Floors,
+    /// Bytes from which one-shot push goes as data then a flag (below: Lamport).
+    pub flagged_from: usize,
+    /// Ours in CUDA-graph replays.
+    pub graph: &'a Medians,
+    /// Ours, eager calls (may be empty).
+    pub eager: &'a Medians,
+    /// NCCL without peer access, CUDA-graph replays (may be empty).
+    pub nccl: &'a Medians,
+}
+
+/// The table (Markdown), with the model and its inputs above it.
+pub fn table(inputs: &Inputs<'_>) -> String {
+    let f = inputs.floors;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "floor model (host-probe of this run): one load {:.0} ns, a flag's trip {:.0} ns, a \
+         fence {:.0} ns; fastest read / fenced write over the grids:",
+        f.host_load_ns, f.flag_ns, f.fence_ns
+    );
+    for m in &f.moves {
+        let _ = writeln!(
+            s,
+            "  {} B: read {:.2} us, write {:.2} us",
+            m.bytes, m.read_us, m.write_us
+        );
+    }
+    let _ = writeln!(
+        s,
+        "floor = write + flag + read from {} B (data, fence, flag, read); below, the data is \
+         its own flag: flag + the read beyond its first load",
+        inputs.flagged_from
+    );
+    let _ = writeln!(s);
+    let mut head =
+        String::from("| size | ours, graph | floor | write + flag + read | ours / floor |");
+    let mut rule = String::from("|---:|---:|---:|---|---:|");
+    if !inputs.eager.is_empty() {
+        head.push_str(" ours, eager | eager - graph |");
+        rule.push_str("---:|---:|");
+    }
+    if !inputs.nccl.is_empty() {
+        head.push_str(" NCCL no-P2P, graph | ours / NCCL |");
+        rule.push_str("---:|---:|");
+    }
+    let _ = writeln!(s, "{head}\n{rule}");
+    for (&bytes, &ours) in inputs.graph {
+        let terms = f.one_shot(bytes as usize, inputs.flagged_from);
+        let floor = terms.total();
+        let _ = write!(
+            s,
+            "| {bytes} | {ours:.2} | {floor:.2} | {:.2} + {:.2} + {:.2} | {:.2} |",
+            terms.write_us,
+            terms.flag_us,
+            terms.read_us,
+            ours / floor
+        );
+        let cell = |m: &Medians| m.get(&bytes).copied();
+        if !inputs.eager.is_empty() {
+            match cell(inputs.eager) {
+                Some(e) => {
+                    let _ = write!(s, " {e:.2} | {:+.2} |", e - ours);
+                }
+                None => s.push_str(" - | - |"),
+            }
+        }
+        if !inputs.nccl.is_empty() {
+            match cell(inputs.nccl) {
+                Some(n) => {
+                    let _ = write!(s, " {n:.2} | {:.2} |", ours / n);
+                }
+                None => s.push_str(" - | - |"),
+            }
+        }
+        s.push('\n');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host_probe::FloorMove;
+
+    fn run(rows: &[(&str, u64, f64)]) -> Vec<Row> {
+        rows.iter()
+            .map(|&(backend, bytes, us)| {
+                serde_json::from_value(serde_json::json!({
+                    "backend": backend, "algorithm": null, "bootstrap": "threads", "ranks": 2,
+                    "dtype": "bf16", "op": "sum", "bytes": bytes, "count": bytes / 2,
+                    "iters": 10,
+                    "out_of_place": {"time_us": us, "algbw": 0.0, "busbw": 0.0,
+                                     "wrong": 0, "identical": true}
+                }))
+                .expect("a row")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn medians_take_each_runs_fastest_row_then_the_median_over_runs() {
+        let runs = [
+            run(&[
+                ("symm-cuda", 8, 7.0),
+                ("symm-cuda", 8, 6.0),
+                ("nccl", 8, 1.0),
+            ]),
+            run(&[("symm-cuda", 8, 9.0)]),
+            run(&[("symm-cuda", 8, 5.0), ("symm-cuda", 43008, 11.0)]),
+        ];
+        let m = medians(&runs, "symm-cuda");
+        assert_eq!(m[&8], 6.0);
+        assert_eq!(m[&43008], 11.0);
+        assert_eq!(medians(&runs, "nccl")[&8], 1.0);
+    }
+
+    #[test]
+    fn the_table_sets_ours_beside_the_floor_and_nccl() {
+        let floors = Floors {
+            host_load_ns: 1000.0,
+            flag_ns: 2000.0,
+            fence_ns: 1000.0,
+            moves: vec![FloorMove {
+                bytes: 40_000,
+                read_us: 3.0,
+                write_us: 2.0,
+            }],
+        };
+        let graph: Medians = [(8, 5.0), (40_000, 10.5)].into();
+        let eager: Medians = [(8, 8.0)].into();
+        let nccl: Medians = [(8, 10.0), (40_000, 14.0)].into();
+        let text = table(&Inputs {
+            floors: &floors,
+            flagged_from: 16_384,
+            graph: &graph,
+            eager: &eager,
+            nccl: &nccl,
+        });
+        assert!(
+            text.contains(
+                "| 8 | 5.00 | 2.00 | 0.00 + 2.00 + 0.00 | 2.50 | 8.00 | +3.00 | 10.00 | 0.50 |"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "| 40000 | 10.50 | 7.00 | 2.00 + 2.00 + 3.00 | 1.50 | - | - | 14.00 | 0.75 |"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("40000 B: read 3.00 us, write 2.00 us"),
+            "{text}"
+        );
+    }
+}
