@@ -163,7 +163,9 @@ __device__ void peer_reduce_arrivals(const PeerArgs& a, const PeerCtx& c, Box bo
     const uint64_t v0 = peer_tid();
     uint4 w0[PEER_MAX_RANKS];
     if (!peer_poll_agreeing<DT>(a, c, box, have, own0, v0, w0)) return;
-    if (have) peer_store_user<DT>(a.output, v0, a.count, aligned, peer_reduce<DT, OP>(a, w0));
+    const uint4 r0 = have ? peer_reduce<DT, OP>(a, w0) : uint4{};
+    if (!peer_share_agreement(a, c)) return;
+    if (have) peer_store_user<DT>(a.output, v0, a.count, aligned, r0);
     peer_reduce_batches<DT, OP>(
         a, c, box, v0 + peer_stride(), nvec, [](uint64_t v) { return v; },
         [&](uint64_t v, uint4 r) { peer_store_user<DT>(a.output, v, a.count, aligned, r); });
@@ -288,6 +290,8 @@ template <int DT, int OP> __device__ void peer_twoshot_push(const PeerArgs& a, c
     const uint4 own0 = have ? peer_sanitize<DT>(peer_load_user<DT>(a.input, me * S + i0, a.count, aligned)) : uint4{};
     uint4 w0[PEER_MAX_RANKS];
     if (!peer_poll_agreeing<DT>(a, c, box, have, own0, i0, w0)) return;
+    const uint4 r0 = have ? peer_reduce<DT, OP>(a, w0) : uint4{};
+    if (!peer_share_agreement(a, c)) return;
     // This rank's slice: entries [0, mine) of the slice mailboxes, vectors me * S + i.
     const uint64_t mine = me * S >= nvec ? 0 : (nvec - me * S < S ? nvec - me * S : S);
     const auto publish = [&](uint64_t i, uint4 reduced) {
@@ -299,7 +303,7 @@ template <int DT, int OP> __device__ void peer_twoshot_push(const PeerArgs& a, c
         }
         peer_store_user<DT>(a.output, v, a.count, aligned, r);
     };
-    if (have) publish(i0, peer_reduce<DT, OP>(a, w0));
+    if (have) publish(i0, r0);
     if (!peer_reduce_batches<DT, OP>(
             a, c, box, i0 + peer_stride(), mine, [&](uint64_t i) { return me * S + i; }, publish))
         return;
@@ -590,6 +594,8 @@ __device__ __forceinline__ void peer_norm_arrivals(const PeerArgs& a, const Peer
         agreed = peer_poll_agreeing<COMM_BF16>(a, c, box, have, own0, v0, w0);
         r0 = have ? peer_reduce<COMM_BF16, COMM_SUM>(a, w0) : uint4{};
     }
+    // Every thread, also after a failed wait (it ends with __syncthreads where it waits).
+    agreed = peer_share_agreement(a, c) && agreed;
     for (uint64_t row = r.row0; agreed && row < r.rows; row += r.rows_step) {
         const bool done = peer_norm_row(a, c, r, row, [&](uint64_t j) {
             const uint64_t v = row * r.rvec + j;

@@ -75,7 +75,9 @@ __device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, B
 // peer's slot as peer_poll does, and only then is the call judged, so that the comparison
 // costs no round trip of its own (the wait notices a peer making another call, whose data
 // may never come). Every thread of the block calls it (it ends with __syncthreads); false
-// when the block must stop.
+// when the block must stop. Where the regions are host memory only block 0 compares the
+// calls: the caller then calls peer_share_agreement before it writes output, once it has
+// reduced w (so that the ranks' vectors are not live across that wait).
 template <int DT, typename Box>
 __device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, Box box, bool have, uint4 own, uint64_t v,
                                    uint4* w) {
@@ -92,7 +94,7 @@ __device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, Box box,
     if (checker && !*c.dead && peer_judge_call(a, c, p, call) == 0) peer_await_call(a, c, p, peer_call_of(a, c, p));
     __syncthreads();
     peer_trace_waited(a, c);
-    return peer_share_agreement(a, c);
+    return !*c.dead;
 }
 
 // Vector v of this rank's data into slot `me` (at slot0 + me * slot_bytes) of every peer's
