@@ -51,7 +51,9 @@
 //   call (collective, dtype, op, count, root, algorithm, zero-copy offset) into its slot of
 //   every peer's pad, tagged with the call number; before it reads a peer's data or
 //   writes its output, every block compares each peer's call with its own (pull kernels
-//   within their first barrier, push kernels before polling their mailboxes). A difference
+//   within their first barrier, push kernels while polling their mailboxes); where the
+//   regions are host memory, block 0 alone, whose verdict the other blocks wait for in
+//   device memory before they write output (peer_share_agreement). A difference
 //   is recorded like a timeout (both calls in the status), so every rank stops, writes no
 //   output, and reports Error::Mismatch naming both calls; the communicator is unusable
 //   afterwards, as after an NCCL asynchronous error. A rank that rejects its arguments, or
@@ -342,9 +344,9 @@ __device__ void peer_fail_mismatch(const PeerArgs& a, const PeerCtx& c, uint32_t
 }
 
 // Every word of a call slot, 16 bytes per load, each load issued before any result is used.
-// Few and wide: where the slot is host memory, one thread's loads were measured to complete
-// one after another (seven 8-byte loads ~5.5 us after the peer's flag, four 16-byte ~2.8 us;
-// one H200, two ranks, host backing).
+// Few and wide: where the slot is host memory, seven 8-byte loads took ~5.5 us after the
+// peer's flag and four 16-byte ones ~2.8 us (one H200, two ranks, host backing), although a
+// thread's volatile loads of host memory travel together (host-probe's bursts: 8 in 1.7 us).
 __device__ __forceinline__ void peer_load_call(const PeerCall* slot, uint64_t* w) {
     uint64_t all[PEER_CALL_WORDS + 1];
 #pragma unroll
@@ -464,8 +466,8 @@ __device__ bool peer_agreeing_barrier(const PeerArgs& a, const PeerCtx& c) {
     const uint32_t p = threadIdx.x;
     const bool gpu = a.gpu_scope != 0;
     // With a second warp, its thread 32 + q waits for peer q's call while thread q waits for
-    // the flag, so the comparison adds no round trip after the flag (one thread's loads of
-    // host memory complete one after another); a lone warp looks at the call now and then.
+    // the flag, so the comparison adds no round trip after the flag (through host memory a
+    // round of loads takes a microsecond); a lone warp looks at the call now and then.
     const bool compares = peer_compares_calls(a);
     const bool split = compares && blockDim.x >= 64;
     const uint32_t q = threadIdx.x - 32u;
