@@ -71,10 +71,11 @@ __device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, B
 }
 
 // The first wait of a push kernel, with the comparison of the calls folded in: thread p
-// loads peer p's call, then every thread with a vector (`have`) waits for vector v of every
-// peer's slot as peer_poll does, and only then is the call judged, so that the comparison
-// costs no round trip of its own (the wait notices a peer making another call, whose data
-// may never come). Every thread of the block calls it (it ends with __syncthreads); false
+// waits for peer p's call digest (a peer stores it before its data, so this costs no round
+// trip of its own, and nothing of it stays live through the data's wait), then every
+// thread with a vector (`have`) waits for vector v of every peer's slot as peer_poll does
+// (the wait notices a peer making another call, whose data may never come, by the whole
+// call). Every thread of the block calls it (it ends with __syncthreads); false
 // when the block must stop. Where the regions are host memory only block 0 compares the
 // calls: the caller then calls peer_share_agreement before it writes output, once it has
 // reduced w (so that the ranks' vectors are not live across that wait).
@@ -85,13 +86,11 @@ __device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, Box box,
     // warp 0's first polls.
     const uint32_t p = blockDim.x >= 64 ? threadIdx.x - 32u : threadIdx.x;
     const bool checker = peer_compares_calls(a) && p < a.world && p != a.rank && !*c.dead;
-    uint64_t call[PEER_CALL_WORDS];
-    if (checker) peer_load_call(peer_call_of(a, c, p), call);
+    if (checker) peer_await_call(a, c, p);
     if (have) {
         peer_poll<DT>(a, c, box, a.rank, own, v, w, 0);
         if (threadIdx.x == 0) peer_trace_seen(a, c);
     }
-    if (checker && !*c.dead && peer_judge_call(a, c, p, call) == 0) peer_await_call(a, c, p, peer_call_of(a, c, p));
     __syncthreads();
     peer_trace_waited(a, c);
     return !*c.dead;

@@ -10,6 +10,7 @@
 //   [0, 8 KiB)          PeerPad.flags: per-block barrier flags that PEERS store into (two sets)
 //   [8 KiB, +128)       PeerPad.chan: signal slots of the user channels, [channel][sender]
 //   [8 KiB + 128, +1 KiB) PeerPad.calls: every rank's call descriptor, [call parity][sender]
+//   then, 128-byte aligned  PeerPad.digests: every rank's call digest, [call parity][sender]
 //   off_data            2 x cap: staged inputs (two-shot pull: the peers' slices), by call parity
 //   off_tmp             cap: two-shot pull's reduced slice
 //   off_push            3 x world x lcap: one-shot Lamport mailboxes [buffer][sender]
@@ -49,7 +50,10 @@
 //   Error::Timeout, then Error::Aborted.
 // - Calls agree on the device, with no host round trip: block 0 of every rank stores its
 //   call (collective, dtype, op, count, root, algorithm, zero-copy offset) into its slot of
-//   every peer's pad, tagged with the call number; before it reads a peer's data or
+//   every peer's pad, tagged with the call number, and before it a 64-bit digest of the
+//   call in one 16-byte line (one load tells whether the calls agree: a round of loads of
+//   the whole call took microseconds through host memory; the whole call is read only
+//   where the digests differ, to name both calls); before it reads a peer's data or
 //   writes its output, every block compares each peer's call with its own (pull kernels
 //   within their first barrier, push kernels while polling their mailboxes); where the
 //   regions are host memory, block 0 alone, whose verdict the other blocks wait for in
@@ -98,6 +102,9 @@ struct PeerPad {
     uint32_t flags[2][PEER_MAX_BLOCKS][PEER_MAX_RANKS];
     uint32_t chan[PEER_CHANNELS][PEER_MAX_RANKS];
     PeerCall calls[2][PEER_MAX_RANKS];
+    // {digest low, tag, digest high, tag}: every sender's of one parity in one 128-byte
+    // line, which a warp's checkers load in one request.
+    alignas(128) uint4 digests[2][PEER_MAX_RANKS];
 };
 
 struct PeerState {
@@ -309,11 +316,27 @@ __device__ bool peer_wait_signal(const PeerArgs& a, const PeerCtx& c, uint32_t p
 // ---------------------------------------------------------------------------------------
 // Agreement on the call (see top).
 
-// Stores this rank's call into its slot of every peer's pad: block 0, thread p for peer p.
+// A 64-bit digest of this rank's call (its words mixed in turn, each step invertible, so
+// that calls differing in one word always differ).
+__device__ __forceinline__ uint64_t peer_call_digest(const PeerArgs& a) {
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+#pragma unroll
+    for (int i = 0; i < PEER_CALL_WORDS; ++i) {
+        h = (h ^ a.call[i]) * 0xff51afd7ed558ccdull;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
+// Stores this rank's call digest, then its call, into its slots of every peer's pad: block
+// 0, thread p for peer p.
 // First thing in a kernel, so that it travels while the rank stages or pushes its data.
 __device__ __forceinline__ void peer_publish_call(const PeerArgs& a, const PeerCtx& c) {
     const uint32_t p = threadIdx.x;
     if (blockIdx.x != 0 || p >= a.world || p == a.rank) return;
+    const uint64_t digest = peer_call_digest(a);
+    peer_st_volatile(&peer_pad(c, p)->digests[c.seq & 1u][a.rank],
+                     make_uint4((uint32_t)digest, c.seq + 1u, (uint32_t)(digest >> 32), c.seq + 1u));
     PeerCall* slot = &peer_pad(c, p)->calls[c.seq & 1u][a.rank];
     const uint64_t tag = (uint64_t)(c.seq + 1u) << 32;
 #pragma unroll
@@ -388,9 +411,10 @@ __device__ __forceinline__ const PeerCall* peer_call_of(const PeerArgs& a, const
     return &peer_pad(c, a.rank)->calls[c.seq & 1u][p];
 }
 
-// Waits (bounded) until peer p's call is there and compares it with this rank's; false when
-// they differ (recorded) or the wait gave up.
-__device__ bool peer_await_call(const PeerArgs& a, const PeerCtx& c, uint32_t p, const PeerCall* slot) {
+// Waits (bounded) until peer p's whole call is there and compares it with this rank's;
+// false when they differ (recorded) or the wait gave up.
+__device__ bool peer_await_call_words(const PeerArgs& a, const PeerCtx& c, uint32_t p) {
+    const PeerCall* slot = peer_call_of(a, c, p);
     int seen = peer_look_at_call(a, c, p, slot);
     if (seen != 0) return seen > 0;
     const uint64_t start = peer_now();
@@ -399,6 +423,36 @@ __device__ bool peer_await_call(const PeerArgs& a, const PeerCtx& c, uint32_t p,
         if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_CALL, 0, p)) return false;
     }
     return seen > 0;
+}
+
+__device__ __forceinline__ const uint4* peer_digest_of(const PeerArgs& a, const PeerCtx& c, uint32_t p) {
+    return &peer_pad(c, a.rank)->digests[c.seq & 1u][p];
+}
+
+// The verdict on a peer's digest line, loaded already. 0: not this call's yet; 1: the same
+// digest as this rank's; 2: another digest (the whole calls must be compared).
+__device__ __forceinline__ int peer_judge_digest(const PeerArgs& a, const PeerCtx& c, const uint4& line) {
+    const uint32_t tag = c.seq + 1u;
+    if (line.y != tag || line.w != tag) return 0;
+    const uint64_t mine = peer_call_digest(a);
+    return line.x == (uint32_t)mine && line.z == (uint32_t)(mine >> 32) ? 1 : 2;
+}
+
+// Waits (bounded) until peer p's call digest is there and compares it with this rank's;
+// where they differ, the whole calls (stored after the digest), once: inlined at every
+// look, that comparison held registers there (and spilled). False when the calls differ
+// (recorded) or a wait gave up.
+__device__ bool peer_await_call(const PeerArgs& a, const PeerCtx& c, uint32_t p) {
+    const uint4* line = peer_digest_of(a, c, p);
+    int seen = peer_judge_digest(a, c, peer_ld_volatile(line));
+    if (seen == 0) {
+        const uint64_t start = peer_now();
+        uint32_t spins = 0;
+        while ((seen = peer_judge_digest(a, c, peer_ld_volatile(line))) == 0) {
+            if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_CALL, 0, p)) return false;
+        }
+    }
+    return seen == 1 || peer_await_call_words(a, c, p);
 }
 
 // Where the regions are host memory, only block 0 compares the calls, and the launch's
@@ -448,7 +502,7 @@ __device__ bool peer_share_agreement(const PeerArgs& a, const PeerCtx& c) {
 // before.
 __device__ bool peer_check_calls(const PeerArgs& a, const PeerCtx& c) {
     const uint32_t p = threadIdx.x;
-    if (peer_compares_calls(a) && p < a.world && p != a.rank && !*c.dead) peer_await_call(a, c, p, peer_call_of(a, c, p));
+    if (peer_compares_calls(a) && p < a.world && p != a.rank && !*c.dead) peer_await_call(a, c, p);
     __syncthreads();
     return !*c.dead;
 }
@@ -471,7 +525,7 @@ __device__ bool peer_agreeing_barrier(const PeerArgs& a, const PeerCtx& c) {
     const bool compares = peer_compares_calls(a);
     const bool split = compares && blockDim.x >= 64;
     const uint32_t q = threadIdx.x - 32u;
-    if (split && q < a.world && q != a.rank && !*c.dead) peer_await_call(a, c, q, peer_call_of(a, c, q));
+    if (split && q < a.world && q != a.rank && !*c.dead) peer_await_call(a, c, q);
     if (p < a.world && !*c.dead) {
         peer_st_release(&peer_pad(c, p)->flags[0][blockIdx.x][a.rank], value, gpu);
         if (p != a.rank) {
@@ -487,7 +541,7 @@ __device__ bool peer_agreeing_barrier(const PeerArgs& a, const PeerCtx& c) {
                 }
             }
             peer_trace_seen(a, c);
-            if (!*c.dead && seen == 0) peer_await_call(a, c, p, slot);
+            if (!*c.dead && seen == 0) peer_await_call(a, c, p);
         }
     }
     __syncthreads();

@@ -26,9 +26,13 @@ pub const CALL_WORDS: usize = 7;
 /// `chan[ALL_CHANNELS][MAX_RANKS]` (u32).
 pub const CALLS_OFFSET: usize =
     (2 * MAX_BLOCKS as usize * MAX_RANKS + ALL_CHANNELS * MAX_RANKS) * 4;
-/// Bytes of the pad peers write: the flags and channels, then `calls[2][MAX_RANKS]` of
-/// `CALL_WORDS + 1` u64 (each word tagged with its call).
-pub const PAD_BYTES: usize = CALLS_OFFSET + 2 * MAX_RANKS * (CALL_WORDS + 1) * 8;
+/// Where the pad's call digests start: after `calls[2][MAX_RANKS]` of `CALL_WORDS + 1` u64
+/// (each word tagged with its call), on a 128-byte boundary.
+pub const DIGESTS_OFFSET: usize =
+    (CALLS_OFFSET + 2 * MAX_RANKS * (CALL_WORDS + 1) * 8).next_multiple_of(128);
+/// Bytes of the pad peers write: the flags and channels, the calls, then
+/// `digests[2][MAX_RANKS]` of 16 bytes (a digest of the call beside its tag).
+pub const PAD_BYTES: usize = DIGESTS_OFFSET + 2 * MAX_RANKS * 16;
 /// Bytes of `PeerState`, this rank's own bookkeeping (MAX_BLOCKS + 2 u32, 3 x 3 u64,
 /// 2 x ALL_CHANNELS x MAX_RANKS u32, MAX_BLOCKS u64), kept in device memory beside the
 /// region, not in it.
@@ -154,8 +158,11 @@ mod tests {
         let h = include_str!("../kernels/peer_sync.cuh");
         assert!(h.contains(
             "struct PeerPad {\n    uint32_t flags[2][PEER_MAX_BLOCKS][PEER_MAX_RANKS];\n    \
-             uint32_t chan[PEER_CHANNELS][PEER_MAX_RANKS];\n    PeerCall calls[2][PEER_MAX_RANKS];\n};"
+             uint32_t chan[PEER_CHANNELS][PEER_MAX_RANKS];\n    PeerCall calls[2][PEER_MAX_RANKS];\n"
         ));
+        // Then the digests, on the next 128-byte boundary.
+        assert!(h.contains("    alignas(128) uint4 digests[2][PEER_MAX_RANKS];\n};"));
+        assert_eq!(DIGESTS_OFFSET, 9472);
         assert_eq!(CALLS_OFFSET % 8, 0);
         assert_eq!(CALLS_OFFSET, (2 * 128 * 8 + 6 * 8) * 4);
     }
