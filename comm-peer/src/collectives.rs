@@ -36,8 +36,10 @@ impl Plan {
 }
 
 /// Over host memory, one-shot push messages of at least this many bytes go as data and then
-/// a flag (the kernel's `peer_oneshot_flagged`) rather than by Lamport mailboxes.
-pub const FLAGGED_FROM: usize = 16 << 10;
+/// a flag (the kernel's `peer_oneshot_flagged`) rather than by Lamport mailboxes. One H200,
+/// two ranks, graphs (2026-12-03): Lamport 6.3 us at 8 KiB and 9.0 at 12 KiB, the flag 7.5
+/// and 8.1.
+pub const FLAGGED_FROM: usize = 12 << 10;
 
 impl PeerComm {
     /// Whether a one-shot push launch of `bytes` goes as data and then a flag: over host
