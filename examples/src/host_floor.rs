@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 
 use crate::host_probe::Floors;
 use crate::perf::Row;
+use crate::perf::report::Timing;
 
 /// The rows of an `allreduce-perf --json` file (its run's description is not needed here).
 #[derive(Debug, serde::Deserialize)]
@@ -26,13 +27,23 @@ pub type Medians = BTreeMap<u64, f64>;
 
 /// The medians of `backend`'s out-of-place times in `runs` (each run's rows).
 pub fn medians(runs: &[Vec<Row>], backend: &str) -> Medians {
+    medians_of(runs, backend, |t| Some(t.time_us))
+}
+
+/// The medians of `backend`'s out-of-place eager calls enqueued back to back (nccl-tests'
+/// way: no event between the calls), where the rows have them.
+pub fn back_to_back_medians(runs: &[Vec<Row>], backend: &str) -> Medians {
+    medians_of(runs, backend, |t| t.back_to_back_us)
+}
+
+fn medians_of(runs: &[Vec<Row>], backend: &str, time: impl Fn(&Timing) -> Option<f64>) -> Medians {
     let mut by_size: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
     for run in runs {
         let mut best: BTreeMap<u64, f64> = BTreeMap::new();
         for row in run.iter().filter(|r| r.backend == backend) {
-            if let Some(t) = row.out_of_place {
+            if let Some(us) = row.out_of_place.as_ref().and_then(&time) {
                 let slot = best.entry(row.bytes).or_insert(f64::INFINITY);
-                *slot = slot.min(t.time_us);
+                *slot = slot.min(us);
             }
         }
         for (bytes, us) in best {
@@ -57,8 +68,10 @@ pub struct Inputs<'a> {
     pub flagged_from: usize,
     /// Ours in CUDA-graph replays.
     pub graph: &'a Medians,
-    /// Ours, eager calls (may be empty).
+    /// Ours, eager calls, each framed by events (may be empty).
     pub eager: &'a Medians,
+    /// Ours, eager calls enqueued back to back (may be empty).
+    pub back_to_back: &'a Medians,
     /// NCCL without peer access, CUDA-graph replays (may be empty).
     pub nccl: &'a Medians,
 }
@@ -94,6 +107,10 @@ pub fn table(inputs: &Inputs<'_>) -> String {
         head.push_str(" ours, eager | eager - graph |");
         rule.push_str("---:|---:|");
     }
+    if !inputs.back_to_back.is_empty() {
+        head.push_str(" eager back to back | - graph |");
+        rule.push_str("---:|---:|");
+    }
     if !inputs.nccl.is_empty() {
         head.push_str(" NCCL no-P2P, graph | ours / NCCL |");
         rule.push_str("---:|---:|");
@@ -111,8 +128,11 @@ pub fn table(inputs: &Inputs<'_>) -> String {
             ours / floor
         );
         let cell = |m: &Medians| m.get(&bytes).copied();
-        if !inputs.eager.is_empty() {
-            match cell(inputs.eager) {
+        for eager in [inputs.eager, inputs.back_to_back] {
+            if eager.is_empty() {
+                continue;
+            }
+            match cell(eager) {
                 Some(e) => {
                     let _ = write!(s, " {e:.2} | {:+.2} |", e - ours);
                 }
@@ -183,23 +203,27 @@ mod tests {
         };
         let graph: Medians = [(8, 5.0), (40_000, 10.5)].into();
         let eager: Medians = [(8, 8.0)].into();
+        let back_to_back: Medians = [(8, 6.0), (40_000, 11.0)].into();
         let nccl: Medians = [(8, 10.0), (40_000, 14.0)].into();
         let text = table(&Inputs {
             floors: &floors,
             flagged_from: 16_384,
             graph: &graph,
             eager: &eager,
+            back_to_back: &back_to_back,
             nccl: &nccl,
         });
         assert!(
             text.contains(
-                "| 8 | 5.00 | 2.00 | 0.00 + 2.00 + 0.00 | 2.50 | 8.00 | +3.00 | 10.00 | 0.50 |"
+                "| 8 | 5.00 | 2.00 | 0.00 + 2.00 + 0.00 | 2.50 | 8.00 | +3.00 | 6.00 | +1.00 | \
+                 10.00 | 0.50 |"
             ),
             "{text}"
         );
         assert!(
             text.contains(
-                "| 40000 | 10.50 | 7.00 | 2.00 + 2.00 + 3.00 | 1.50 | - | - | 14.00 | 0.75 |"
+                "| 40000 | 10.50 | 7.00 | 2.00 + 2.00 + 3.00 | 1.50 | - | - | 11.00 | +0.50 | \
+                 14.00 | 0.75 |"
             ),
             "{text}"
         );

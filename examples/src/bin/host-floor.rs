@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use comm_examples::host_floor::{Inputs, PerfFile, medians, table};
+use comm_examples::host_floor::{Inputs, PerfFile, back_to_back_medians, medians, table};
 use comm_examples::host_probe::Floors;
 use comm_examples::perf::Row;
 
@@ -84,13 +84,16 @@ fn run(o: &Options) -> Result<String, String> {
             o.backend
         ));
     }
-    let eager = medians(&rows(&o.eager)?, &o.backend);
+    let eager_rows = rows(&o.eager)?;
+    let eager = medians(&eager_rows, &o.backend);
+    let back_to_back = back_to_back_medians(&eager_rows, &o.backend);
     let nccl = medians(&rows(&o.nccl)?, "nccl");
     Ok(table(&Inputs {
         floors: &floors,
         flagged_from: comm_peer::FLAGGED_FROM,
         graph: &graph,
         eager: &eager,
+        back_to_back: &back_to_back,
         nccl: &nccl,
     }))
 }
