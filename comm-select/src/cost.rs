@@ -150,18 +150,18 @@ impl FabricParams {
 /// NCCL's side is calibrated on two H200s with P2P forced off (`NCCL_P2P_DISABLE=1`, CUDA
 /// graphs, bf16; benchmarks/history/2026-11-30.md, "Without peer access"): 9.1 us at 8 B,
 /// 13.9 at 42 KB, 34.8 at 256 KiB, 61.4 at 1 MiB, 165 at 4 MiB, 598 at 16 MiB. Ours on the
-/// host-mapped kernels with one-shot push by data and flag (BENCHMARKS.md, "Host memory on
-/// one GPU", 2026-12-02): 7.1 us at 8 B, 11.4 at 42 KB, 29.0 at 256 KiB, ~89 at 1 MiB
-/// (two-shot pull 78), measured with both ranks on one H200, whose one link then carries
-/// both ranks' traffic; the two-GPU comparison is still to be run. So the model takes our
+/// host-mapped kernels with one-shot push by data and flag and the calls compared by digest
+/// (BENCHMARKS.md, "Host memory on one GPU", 2026-12-03): 4.0 us at 8 B, 9.7 at 42 KB, 25.4
+/// at 256 KiB, 87 at 1 MiB (two-shot pull 75), measured with both ranks on one H200, whose
+/// one link then carries both ranks' traffic; the two-GPU comparison is still to be run. So the model takes our
 /// kernels up to a few hundred KiB at two ranks and NCCL beyond. A tuning table measured on
 /// the machine beats the model anyway.
 ///
 /// Every byte crosses PCIe twice: its sender's kernel writes it into host memory, its
 /// receiver's kernel reads it back over its own link.
 pub const NO_P2P: FabricParams = FabricParams {
-    // One-shot push of a few bytes: 5.5-7.1 us (medians of 3 runs, graphs).
-    launch_us: 6.5,
+    // One-shot push of a few bytes: 4.0-4.4 us (medians of 3 runs, graphs).
+    launch_us: 4.5,
     // One-shot pull (a barrier more) is ~1.9 us slower there (8.2-8.8 us).
     barrier_us: 1.9,
     // What PCIe through host memory carries (NCCL from 1 MiB).
@@ -171,7 +171,7 @@ pub const NO_P2P: FabricParams = FabricParams {
     // measured beyond two ranks; a PCIe 5 link carried ~50 GB/s each way (copy-probe).
     shared_gbps: Some(60.0),
     read_contention: 0.25,
-    // One-shot push: 6.5 us + 42 KB in ~4.9 us, 256 KiB in ~22.5, 1 MiB in ~82: ~12.6 GB/s.
+    // One-shot push: 4.5 us + 42 KB in ~5.2 us, 256 KiB in ~21, 1 MiB in ~83: ~12.6 GB/s.
     kernel_efficiency: 0.45,
     // Two ranks, low-latency protocol: 5.5 + 2 steps x 2.0 = 9.5 us, then ~9.8 GB/s (13.9 us
     // at 42 KB, ~36 at 256 KiB).
@@ -461,10 +461,10 @@ mod tests {
             (Ring, 256 << 10, 34.8),
             (Ring, 1 << 20, 61.4),
             (Ring, 16 << 20, 598.0),
-            (OneShotPush, 8, 7.1),
-            (OneShotPush, KB42, 11.4),
-            (OneShotPush, 256 << 10, 29.0),
-            (OneShotPush, 1 << 20, 89.0),
+            (OneShotPush, 8, 4.0),
+            (OneShotPush, KB42, 9.65),
+            (OneShotPush, 256 << 10, 25.4),
+            (OneShotPush, 1 << 20, 87.0),
         ] {
             let predicted = us(&model, pattern, bytes);
             assert!(
