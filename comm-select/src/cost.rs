@@ -151,11 +151,11 @@ impl FabricParams {
 /// graphs, bf16; benchmarks/history/2026-11-30.md, "Without peer access"): 9.1 us at 8 B,
 /// 13.9 at 42 KB, 34.8 at 256 KiB, 61.4 at 1 MiB, 165 at 4 MiB, 598 at 16 MiB. Ours on the
 /// host-mapped kernels with one-shot push by data and flag and the calls compared by digest
-/// (BENCHMARKS.md, "Host memory on one GPU", 2026-12-03): 4.0 us at 8 B, 9.7 at 42 KB, 25.4
-/// at 256 KiB, 87 at 1 MiB (two-shot pull 75), measured with both ranks on one H200, whose
-/// one link then carries both ranks' traffic; the two-GPU comparison is still to be run. So the model takes our
-/// kernels up to a few hundred KiB at two ranks and NCCL beyond. A tuning table measured on
-/// the machine beats the model anyway.
+/// (BENCHMARKS.md, "Host memory on one GPU", 2026-12-03): 3.9-4.0 us at 8 B, 9.6 at 42 KB,
+/// 25.1 at 256 KiB, 87 at 1 MiB (two-shot pull 75), measured with both ranks on one H200,
+/// whose one link then carries both ranks' traffic; the two-GPU comparison is still to be
+/// run. So the model takes our kernels up to a few hundred KiB at two ranks and NCCL beyond.
+/// A tuning table measured on the machine beats the model anyway.
 ///
 /// Every byte crosses PCIe twice: its sender's kernel writes it into host memory, its
 /// receiver's kernel reads it back over its own link.
