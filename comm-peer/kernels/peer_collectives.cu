@@ -212,9 +212,42 @@ __device__ void peer_oneshot_lamport(const PeerArgs& a, const PeerCtx& c, uint64
     }
 }
 
-// oneshot-push over host memory, for all but the smallest messages (a.flagged): rank r
-// stores its input into sender slot peer_slot(r, p) of every peer p's data half of this
-// call's parity, then the agreeing barrier (its release orders those stores before the
+// Vectors start, start + stride, ... below `to` of the output: this rank's input reduced
+// with the peers' slots of `inbox` (slot peer_slot(p, rank) of nvec vectors from peer p), in
+// rank order. Entries in batches of PEER_MAX_RANKS / world, every load of a batch in flight
+// together (through host memory a load takes a microsecond; one after another they would
+// add up); entry i of a batch is vector i / world of rank i % world, so that order is rank
+// order.
+template <int DT, int OP>
+__device__ void peer_reduce_slots(const PeerArgs& a, const uint4* inbox, uint64_t nvec, uint64_t start, uint64_t to,
+                                  uint64_t stride) {
+    const bool aligned = a.aligned != 0;
+    const uint32_t world = a.world, per = PEER_MAX_RANKS / world;
+    for (uint64_t base = start; base < to; base += per * stride) {
+        uint4 s[PEER_MAX_RANKS];
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+            const uint32_t e = i / world, p = i % world;
+            const uint64_t v = base + e * stride;
+            if (e >= per || v >= to) continue;
+            s[i] = p == a.rank ? peer_load_user<DT>(a.input, v, a.count, aligned)
+                               : peer_ld_volatile(inbox + peer_slot(p, a.rank) * nvec + v);
+        }
+        float acc[PeerDt<DT>::VEC];
+#pragma unroll
+        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
+            const uint32_t e = i / world, p = i % world;
+            const uint64_t v = base + e * stride;
+            if (e >= per || v >= to) continue;
+            peer_fold<DT, OP>(a, acc, s[i], p);
+            if (p + 1 == world) peer_store_user<DT>(a.output, v, a.count, aligned, peer_pack<DT>(acc));
+        }
+    }
+}
+
+// oneshot-push over host memory, for messages of a few chunks at most (a.writers != 0):
+// rank r stores its input into sender slot peer_slot(r, p) of every peer p's data half of
+// this call's parity, then the agreeing barrier (its release orders those stores before the
 // flag), then every rank reduces the peers' slots in its own half with its own input, in
 // rank order. Where the regions are host memory this moves every byte across the link
 // once each way: Lamport mailboxes must be reset to the sentinel (a second write of every
@@ -238,30 +271,90 @@ __device__ void peer_oneshot_flagged(const PeerArgs& a, const PeerCtx& c, uint64
     peer_copy_from(
         v0 + stride, nvec, [&](uint64_t v) { return peer_load_user<DT>(a.input, v, a.count, aligned); }, send);
     if (!peer_agreeing_barrier(a, c)) return;
-    // Entries in batches of PEER_MAX_RANKS / world, every load of a batch in flight together
-    // (through host memory a load takes a microsecond; one after another they would add up).
-    // Slot i holds entry i / world of rank i % world, so slot order is rank order.
-    const uint4* inbox = reinterpret_cast<const uint4*>(c.region[a.rank] + dbuf);
-    const uint32_t world = a.world, per = PEER_MAX_RANKS / world;
-    for (uint64_t base = v0; base < nvec; base += per * stride) {
-        uint4 s[PEER_MAX_RANKS];
-#pragma unroll
-        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
-            const uint32_t e = i / world, p = i % world;
-            const uint64_t v = base + e * stride;
-            if (e >= per || v >= nvec) continue;
-            s[i] = p == a.rank ? peer_load_user<DT>(a.input, v, a.count, aligned)
-                               : peer_ld_volatile(inbox + peer_slot(p, a.rank) * nvec + v);
+    peer_reduce_slots<DT, OP>(a, reinterpret_cast<const uint4*>(c.region[a.rank] + dbuf), nvec, v0, nvec, stride);
+}
+
+// oneshot-stream: one-shot push over host memory for larger messages, streamed: the message
+// is cut into chunks of a.part bytes. The last a.writers blocks write (writer w: chunks w,
+// w + writers, ...), the other `readers` blocks read (reader r: chunks r, r + readers,
+// ...). A writer stores its chunk into sender slot peer_slot(r, p) of every
+// peer p's data half of this call's parity, then releases the chunk's flag to every peer
+// (PeerPad.flags[0][chunk][sender], the value of a first barrier), and goes on to its next
+// chunk without waiting; a reader waits for every peer's flag of its chunk, then reduces the
+// peers' slots with its own input, in rank order. So reads of early chunks cross the link
+// while later chunks are still being written (the link carries writes and reads in opposite
+// directions). Every byte crosses the link once each way: one-shot pull reads its own data
+// back, Lamport mailboxes need a second write of each (their reset). Calls are compared by
+// block 0 (a reader, with the wait for its first chunk); the other readers wait for its
+// verdict in device memory before they write output (peer_share_agreement). Writers write
+// only into this call's staging half, which no rank reads before its flags, and nothing a
+// rank reads is written there again too early: a peer writes this half again two calls
+// later, after its next call saw every flag of this rank's next call, which this rank
+// raises only after this call's reads (a kernel boundary). No closing barrier.
+__device__ __forceinline__ uint32_t peer_stream_readers(const PeerArgs& a) { return gridDim.x - a.writers; }
+
+// This thread's first input vector in a streamed one-shot push (its writer block's first
+// chunk), or ~0 where it has none (readers, threads past the chunk or the message).
+__device__ __forceinline__ uint64_t peer_stream_first(const PeerArgs& a, uint64_t nvec) {
+    const uint32_t readers = peer_stream_readers(a);
+    if (blockIdx.x < readers || threadIdx.x >= a.part / 16) return ~0ull;
+    const uint64_t v = (uint64_t)(blockIdx.x - readers) * (a.part / 16) + threadIdx.x;
+    return v < nvec ? v : ~0ull;
+}
+
+template <int DT, int OP>
+__device__ void peer_oneshot_streamed(const PeerArgs& a, const PeerCtx& c, uint64_t nvec, uint4 first) {
+    const bool aligned = a.aligned != 0;
+    const uint64_t dbuf = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
+    const uint64_t cv = a.part / 16, chunks = (nvec + cv - 1) / cv;
+    const uint32_t readers = peer_stream_readers(a), world = a.world, me = a.rank;
+    const uint32_t value = 2u * c.seq + 1u, p = threadIdx.x;
+    if (blockIdx.x >= readers) {
+        const auto send = [&](uint64_t v, uint4 w) {
+            for (uint32_t k = 1; k < world; ++k) {
+                const uint32_t q = (me + k) % world;
+                reinterpret_cast<uint4*>(c.region[q] + dbuf)[peer_slot(me, q) * nvec + v] = w;
+            }
+        };
+        const uint64_t first_v = peer_stream_first(a, nvec);
+        for (uint64_t k = blockIdx.x - readers; k < chunks; k += a.writers) {
+            const uint64_t from = k * cv, to = from + cv < nvec ? from + cv : nvec;
+            uint64_t v = from + threadIdx.x;
+            if (v == first_v) {
+                send(v, first);
+                v += blockDim.x;
+            }
+            peer_copy_strided(
+                v, to, blockDim.x, [&](uint64_t i) { return peer_load_user<DT>(a.input, i, a.count, aligned); }, send);
+            __syncthreads();
+            // The release orders every thread's stores of the chunk (seen through the
+            // block barrier) before the flag.
+            if (p < world && p != me) peer_st_release(&peer_pad(c, p)->flags[0][k][me], value, false);
         }
-        float acc[PeerDt<DT>::VEC];
-#pragma unroll
-        for (int i = 0; i < PEER_MAX_RANKS; ++i) {
-            const uint32_t e = i / world, p = i % world;
-            const uint64_t v = base + e * stride;
-            if (e >= per || v >= nvec) continue;
-            peer_fold<DT, OP>(a, acc, s[i], p);
-            if (p + 1 == world) peer_store_user<DT>(a.output, v, a.count, aligned, peer_pack<DT>(acc));
+        peer_trace_sent(a, c);
+        return;
+    }
+    // Block 0 compares the calls: thread 32 + q for peer q while thread q waits for the
+    // flag, or thread q after it where the block is a lone warp.
+    const bool split = blockDim.x >= 64;
+    const uint32_t q = split ? threadIdx.x - 32u : threadIdx.x;
+    if (split && blockIdx.x == 0 && q < world && q != me && !*c.dead) peer_await_call(a, c, q);
+    const uint4* inbox = reinterpret_cast<const uint4*>(c.region[me] + dbuf);
+    for (uint64_t k = blockIdx.x; k < chunks; k += readers) {
+        if (p < world && p != me && !*c.dead)
+            peer_wait_value(a, c, &peer_pad(c, me)->flags[0][k][p], value, PEER_TIMEOUT_BARRIER, 0, p);
+        if (!split && blockIdx.x == 0 && k == 0 && q < world && q != me && !*c.dead) peer_await_call(a, c, q);
+        if (k == blockIdx.x) {
+            peer_trace_seen(a, c);
+            __syncthreads();
+            peer_trace_waited(a, c);
+            if (!peer_share_agreement(a, c)) return;
+        } else {
+            __syncthreads();
+            if (*c.dead) return;
         }
+        const uint64_t to = (k + 1) * cv < nvec ? (k + 1) * cv : nvec;
+        peer_reduce_slots<DT, OP>(a, inbox, nvec, k * cv + threadIdx.x, to, blockDim.x);
     }
 }
 
@@ -349,6 +442,7 @@ template <int DT, int OP> __device__ void peer_sum_staged(const PeerArgs& a) {
 #define PEER_TWOSHOT_PUSH 3
 #define PEER_ONESHOT_COPY 4
 #define PEER_ONESHOT_LOCAL 5
+#define PEER_ONESHOT_STREAM 6
 
 template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(const PeerArgs& a) {
     PEER_PROLOGUE_WAIT(a)
@@ -356,9 +450,14 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(c
     // The one-shot kernels' first input vector of this thread, loaded while thread 0 loads
     // the call state, so that the first store (to the data buffer or the peers' mailboxes)
     // waits for one memory round trip, not two. Zero-copy pull reads inputs where they lie.
-    constexpr bool oneshot = ALGO == PEER_ONESHOT_PULL || ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL;
-    const bool early = oneshot && peer_tid() < nvec && (ALGO != PEER_ONESHOT_PULL || a.inputs == nullptr);
-    const uint4 first = early ? peer_load_user<DT>(a.input, peer_tid(), a.count, a.aligned != 0) : uint4{};
+    constexpr bool oneshot = ALGO == PEER_ONESHOT_PULL || ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL ||
+                             ALGO == PEER_ONESHOT_STREAM;
+    // A streamed one-shot push's writer loads the first vector of its first chunk.
+    uint64_t v_first;
+    if constexpr (ALGO == PEER_ONESHOT_STREAM) v_first = peer_stream_first(a, nvec);
+    else v_first = peer_tid();
+    const bool early = oneshot && v_first < nvec && (ALGO != PEER_ONESHOT_PULL || a.inputs == nullptr);
+    const uint4 first = early ? peer_load_user<DT>(a.input, v_first, a.count, a.aligned != 0) : uint4{};
     PEER_PROLOGUE_STATE(a, c)
     peer_publish_call(a, c);
     const uint64_t S = (nvec + a.world - 1) / a.world;
@@ -366,17 +465,19 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(c
     if constexpr (ALGO == PEER_ONESHOT_PULL) peer_oneshot_pull<DT, OP>(a, c, nvec, first);
     else if constexpr (ALGO == PEER_TWOSHOT_PULL) calls = peer_twoshot_pull<DT, OP>(a, c);
     else if constexpr (ALGO == PEER_ONESHOT_PUSH) {
-        if (a.flagged) peer_oneshot_flagged<DT, OP>(a, c, nvec, first);
+        if (a.writers != 0) peer_oneshot_flagged<DT, OP>(a, c, nvec, first);
         else peer_oneshot_lamport<DT, OP, false>(a, c, nvec, first);
     }
+    else if constexpr (ALGO == PEER_ONESHOT_STREAM) peer_oneshot_streamed<DT, OP>(a, c, nvec, first);
     else if constexpr (ALGO == PEER_ONESHOT_LOCAL) peer_oneshot_lamport<DT, OP, true>(a, c, nvec, first);
     else peer_twoshot_push<DT, OP>(a, c, nvec);
     // Push kernels reset what peers wrote while their own data travels; what peers read
     // (a one-shot local buffer) waits until every peer is seen in this call.
-    constexpr bool push = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_TWOSHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL;
+    constexpr bool push = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_TWOSHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL ||
+                          ALGO == PEER_ONESHOT_STREAM;
     constexpr bool oneshot_mailbox = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL;
-    // The flagged one-shot push writes no mailbox and has reset none of them yet.
-    const bool flagged = ALGO == PEER_ONESHOT_PUSH && a.flagged;
+    // One-shot push by data and flags writes no mailbox and has reset none of them yet.
+    const bool flagged = ALGO == PEER_ONESHOT_STREAM || (ALGO == PEER_ONESHOT_PUSH && a.writers != 0);
     const uint64_t oneshot_used =
         oneshot_mailbox && !flagged ? nvec * 16 | (ALGO == PEER_ONESHOT_LOCAL ? PEER_USED_OWN : 0) : 0;
     // Two-shot pull has reset the previous call's mailboxes itself, and counts a call per part.
@@ -705,7 +806,8 @@ extern "C" __global__ void peer_agree_only(PeerArgs a) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Names: peer_<oneshot_pull|twoshot_pull|oneshot_push|twoshot_push>_<f32|f16|bf16>_<op>,
+// Names: peer_<oneshot_pull|twoshot_pull|oneshot_push|twoshot_push|oneshot_copy|oneshot_local|
+// oneshot_stream>_<f32|f16|bf16>_<op>,
 // peer_reduce_scatter_<dtype>_<op> (op: sum, avg, max, min).
 
 #define PEER_AR(ALGO, ANAME, DT, DNAME, OP, ONAME)                                                             \
@@ -723,6 +825,7 @@ extern "C" __global__ void peer_agree_only(PeerArgs a) {
     PEER_AR(PEER_TWOSHOT_PUSH, twoshot_push, DT, DNAME, OP, ONAME)    \
     PEER_AR(PEER_ONESHOT_COPY, oneshot_copy, DT, DNAME, OP, ONAME)    \
     PEER_AR(PEER_ONESHOT_LOCAL, oneshot_local, DT, DNAME, OP, ONAME)  \
+    PEER_AR(PEER_ONESHOT_STREAM, oneshot_stream, DT, DNAME, OP, ONAME) \
     PEER_RS(DT, DNAME, OP, ONAME)
 #define PEER_DTYPE(DT, DNAME)                 \
     PEER_OPS(DT, DNAME, COMM_SUM, sum)        \

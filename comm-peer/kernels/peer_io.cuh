@@ -171,15 +171,12 @@ __device__ __forceinline__ void peer_store_bytes(char* base, uint64_t v, uint64_
 __device__ __forceinline__ uint64_t peer_tid() { return (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ uint64_t peer_stride() { return (uint64_t)gridDim.x * blockDim.x; }
 
-// dst(i) = src(i) for this thread's i in [start, n), grid-stride from `start` (peer_tid(),
-// or a later index of the thread's), four loads in flight per thread (a copy is otherwise
-// one dependent load-store pair at a time, too few bytes in flight for HBM). Thread t
-// handles exactly the i = t (mod threads in grid) of a plain grid-stride loop, so the
-// per-block barrier pairing is unchanged.
+// dst(i) = src(i) for this thread's i in [start, n), in steps of `stride` from `start`,
+// four loads in flight per thread (a copy is otherwise one dependent load-store pair at a
+// time, too few bytes in flight for HBM).
 template <typename Load, typename Store>
-__device__ __forceinline__ void peer_copy_from(uint64_t start, uint64_t n, Load load, Store store) {
+__device__ __forceinline__ void peer_copy_strided(uint64_t start, uint64_t n, uint64_t stride, Load load, Store store) {
     uint64_t i = start;
-    const uint64_t stride = peer_stride();
     for (; i + 3 * stride < n; i += 4 * stride) {
         const uint4 w0 = load(i), w1 = load(i + stride), w2 = load(i + 2 * stride), w3 = load(i + 3 * stride);
         store(i, w0);
@@ -188,6 +185,14 @@ __device__ __forceinline__ void peer_copy_from(uint64_t start, uint64_t n, Load 
         store(i + 3 * stride, w3);
     }
     for (; i < n; i += stride) store(i, load(i));
+}
+
+// The same grid-stride from `start` (peer_tid(), or a later index of the thread's): thread
+// t handles exactly the i = t (mod threads in grid) of a plain grid-stride loop, so the
+// per-block barrier pairing is unchanged.
+template <typename Load, typename Store>
+__device__ __forceinline__ void peer_copy_from(uint64_t start, uint64_t n, Load load, Store store) {
+    peer_copy_strided(start, n, peer_stride(), load, store);
 }
 
 template <typename Load, typename Store>

@@ -152,7 +152,7 @@ struct PeerArgs {
     uint32_t peer;            // signal primitives: the peer
     uint32_t channel;         // signal primitives: the channel
     uint32_t host;            // the regions are host memory mapped into the devices
-    uint32_t flagged;         // one-shot push over host memory: data, then a flag (peer_oneshot_flagged)
+    uint32_t writers;         // one-shot push over host memory by data and flags: writer blocks (0: Lamport)
     uint32_t call[PEER_CALL_WORDS + 1];  // this call, as every rank must see it (last word unused)
 };
 

@@ -10,8 +10,8 @@ use comm_core::{BufferMut, BufferRef, CallDescriptor, RawStream, ReduceOp, Resul
 use crate::algorithm::Algorithm;
 use crate::chunks::{Cut, twoshot_part};
 use crate::comm::PeerComm;
-use crate::grid::{all_reduce_work, blocks, by_block_size, spread_grid};
-use crate::kernels::{PeerArgs, all_reduce_kernel, reduce_scatter_kernel};
+use crate::grid::{Streamed, all_reduce_work, blocks, by_block_size, spread_grid};
+use crate::kernels::{PeerArgs, all_reduce_kernel, reduce_scatter_kernel, streamed_push_kernel};
 use crate::scratch::Rows;
 
 /// How one all-reduce runs, decided by each rank and compared when validating.
@@ -36,7 +36,8 @@ impl Plan {
 }
 
 /// Over host memory, one-shot push messages of at least this many bytes go as data and then
-/// a flag (the kernel's `peer_oneshot_flagged`) rather than by Lamport mailboxes. One H200,
+/// flags rather than by Lamport mailboxes: a flag per block (`peer_oneshot_flagged`), or,
+/// from four chunks of 16 KiB or more, a flag per chunk (`peer_oneshot_streamed`). One H200,
 /// two ranks, graphs (2026-12-03): Lamport 6.3 us at 8 KiB and 9.0 at 12 KiB, the flag 7.5
 /// and 8.1.
 pub const FLAGGED_FROM: usize = 12 << 10;
@@ -152,12 +153,8 @@ impl PeerComm {
         if plan.algorithm == Algorithm::OneshotCopy {
             return self.reduce_by_copies(&agreed, send_addr, recv_addr, bytes);
         }
-        let kernel = all_reduce_kernel(
-            plan.algorithm,
-            call.dtype,
-            call.op.unwrap_or(ReduceOp::Sum),
-            self.group.same_device(),
-        );
+        let op = call.op.unwrap_or(ReduceOp::Sum);
+        let kernel = all_reduce_kernel(plan.algorithm, call.dtype, op, self.group.same_device());
         let cut = Cut::all_reduce(&self.layout, plan.algorithm, plan.zero_copy.is_some());
         // Two-shot pull moves a launch part after part; the grid is that of one part.
         let part = match plan.algorithm {
@@ -171,11 +168,24 @@ impl PeerComm {
                 inputs: plan.zero_copy.map_or(0, |(table, _)| table),
                 in_off: plan.zero_copy.map_or(0, |(_, in_off)| in_off + at),
                 part: part as u64,
-                flagged: u32::from(
-                    plan.algorithm == Algorithm::OneshotPush && self.pushes_flagged(chunk.bytes),
-                ),
                 ..self.io_args(&agreed, send_addr + at, recv_addr + at, count as u64)
             };
+            let flagged =
+                plan.algorithm == Algorithm::OneshotPush && self.pushes_flagged(chunk.bytes);
+            if let Some(streamed) = flagged
+                .then(|| Streamed::of(chunk.bytes, self.stream_blocks))
+                .flatten()
+            {
+                let args = PeerArgs {
+                    part: streamed.chunk as u64,
+                    writers: streamed.writers,
+                    ..args
+                };
+                let grid = (streamed.blocks(), self.config.threads);
+                let kernel = streamed_push_kernel(call.dtype, op);
+                self.group.launch(kernel, grid, stream, &args)?;
+                continue;
+            }
             let work = all_reduce_work(
                 plan.algorithm,
                 call.dtype,
@@ -183,6 +193,11 @@ impl PeerComm {
                 world,
             );
             let grid = self.all_reduce_grid(plan.algorithm, work);
+            // Data then a flag in one chunk over the grid: every block writes and reads.
+            let args = PeerArgs {
+                writers: if flagged { grid.0 } else { 0 },
+                ..args
+            };
             self.group.launch(kernel, grid, stream, &args)?;
         }
         Ok(())

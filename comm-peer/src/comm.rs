@@ -59,6 +59,9 @@ pub struct PeerComm {
     /// blocks of each of `grid::BLOCK_SIZES` threads; none on host memory, where each
     /// block costs more than it carries.
     pub(crate) spread_blocks: Option<[u32; 3]>,
+    /// Most blocks of a streamed one-shot push over host memory (every block of every rank
+    /// sharing the device resident at once, whatever launches are around it).
+    pub(crate) stream_blocks: u32,
     pub(crate) algorithm: Cell<Option<Algorithm>>,
     pub(crate) capabilities: Capabilities,
     pub(crate) registry: Arc<Registry>,
@@ -78,6 +81,7 @@ impl fmt::Debug for PeerComm {
             .field("layout", &self.layout)
             .field("max_blocks", &self.max_blocks)
             .field("spread_blocks", &self.spread_blocks)
+            .field("stream_blocks", &self.stream_blocks)
             .finish_non_exhaustive()
     }
 }
@@ -165,6 +169,11 @@ impl PeerComm {
             sharing => BLOCK_SIZES
                 .map(|threads| max_blocks.min(residency.early_bound(threads, sharing).max(1))),
         });
+        let stream_blocks = config
+            .max_blocks
+            .unwrap_or(MAX_BLOCKS)
+            .min(residency.whole_sm_bound(memory.sharing()))
+            .clamp(2, MAX_BLOCKS);
         let timeout = config.timeout.unwrap_or_else(|| bootstrap.timeout());
         Ok(PeerComm {
             name,
@@ -181,6 +190,7 @@ impl PeerComm {
             max_blocks,
             items_per_thread,
             spread_blocks,
+            stream_blocks,
         })
     }
 

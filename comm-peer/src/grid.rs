@@ -110,6 +110,62 @@ pub(crate) fn fused_grid(
     }
 }
 
+/// How a streamed one-shot push over host memory (the kernel's `peer_oneshot_streamed`)
+/// runs one launch: the message cut into chunks of `chunk` bytes (a multiple of 16), which
+/// `writers` blocks store into the peers, each chunk followed by its flag, and `readers`
+/// blocks (one per chunk) reduce as each chunk's flags come. Every rank computes the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Streamed {
+    pub chunk: usize,
+    pub writers: u32,
+    pub readers: u32,
+}
+
+impl Streamed {
+    /// The plan for `bytes` in at most `most_blocks` blocks (at least 2); `None` for a
+    /// message of three chunks or fewer, which goes as one chunk over the whole grid, each
+    /// block writing its share, then reading it (`peer_oneshot_flagged`: 42 KB in 9.4-9.6
+    /// us, against 9.8-10.0 for three chunks written and read by the same three blocks and
+    /// 10.3-10.5 for two chunks in two writers and two readers).
+    ///
+    /// A writer's flag waits for its stores to reach host memory (its fence took ~2.2 us a
+    /// chunk on one H200, whatever the chunk's size), and the GPU's reads of host memory wait
+    /// behind its writes there: so few writers of large chunks, which leave reads of early
+    /// chunks room to cross while later ones are written. One H200, two ranks, graphs, us
+    /// (chunk, writers, readers), 2026-12-03: 128 KiB 15.0 with 32 KiB x 2 (18.0-18.4 with 16
+    /// KiB x 2); 256 KiB 22.7-23.1 with 64 KiB x 2 (24.2 with 32 KiB); 512 KiB 36.4-36.8 with
+    /// 64 KiB x 2 (42.2-43.1 with 128 KiB); 1 MiB 63.6-63.8 with 128 KiB x 2 (65.6-66.4 with
+    /// 64 KiB, 70.1-70.8 with one writer, 73.6-73.9 with 16 writers).
+    pub(crate) fn of(bytes: usize, most_blocks: u32) -> Option<Streamed> {
+        const KIB: usize = 1 << 10;
+        let most = most_blocks.clamp(2, MAX_BLOCKS);
+        let parts = if bytes <= 256 * KIB { 4 } else { 8 };
+        // A flag slot per chunk: at most MAX_BLOCKS of them.
+        let chunk = (bytes / parts)
+            .clamp(16 * KIB, 128 * KIB)
+            .max(bytes.div_ceil(MAX_BLOCKS as usize))
+            .next_multiple_of(16);
+        let chunks = bytes.div_ceil(chunk).max(1) as u32;
+        if chunks <= 3 {
+            return None;
+        }
+        // Small chunks in parallel, a writer each; large ones by two writers in turn.
+        let writers = if chunk >= 32 * KIB { 2 } else { chunks };
+        let writers = writers.min(most / 2);
+        let readers = chunks.min(most - writers);
+        Some(Streamed {
+            chunk,
+            writers,
+            readers,
+        })
+    }
+
+    /// Blocks of the launch.
+    pub(crate) fn blocks(&self) -> u32 {
+        self.writers + self.readers
+    }
+}
+
 /// Work items (16-byte vectors per thread) of an all-reduce of `count` elements.
 pub(crate) fn all_reduce_work(
     algorithm: Algorithm,
@@ -138,6 +194,27 @@ mod tests {
         assert_eq!((most, per_thread), (8, 4));
         // 42 KB of bf16 (2688 vectors) through host memory: two blocks of 512 threads.
         assert_eq!(blocks(2688usize.div_ceil(per_thread), 512, most), 2);
+    }
+
+    #[test]
+    fn streamed_pushes_cut_few_large_chunks_for_few_writers() {
+        const KIB: usize = 1 << 10;
+        let plan = |bytes| Streamed::of(bytes, 44).map(|s| (s.chunk, s.writers, s.readers));
+        // Three chunks or fewer: one chunk over the grid.
+        assert_eq!(plan(12 * KIB), None);
+        assert_eq!(plan(48 * KIB), None);
+        assert_eq!(plan(64 * KIB), Some((16 * KIB, 4, 4)));
+        assert_eq!(plan(128 * KIB), Some((32 * KIB, 2, 4)));
+        assert_eq!(plan(256 * KIB), Some((64 * KIB, 2, 4)));
+        assert_eq!(plan(512 * KIB), Some((64 * KIB, 2, 8)));
+        assert_eq!(plan(1 << 20), Some((128 * KIB, 2, 8)));
+        // At most one flag slot per chunk, and the blocks within the bound.
+        let big = Streamed::of(64 << 20, 44).unwrap();
+        assert_eq!(big.chunk, (64 << 20) / MAX_BLOCKS as usize);
+        assert_eq!((big.writers, big.readers), (2, 42));
+        let tight = Streamed::of(64 * KIB, 4).unwrap();
+        assert_eq!((tight.writers, tight.readers), (2, 2));
+        assert_eq!(Streamed::of(1 << 20, 0).unwrap().blocks(), 2);
     }
 
     #[test]

@@ -74,7 +74,9 @@ pub(crate) struct PeerArgs {
     pub peer: u32,
     pub channel: u32,
     pub host: u32,
-    pub flagged: u32,
+    /// One-shot push over host memory by data and flags: its writer blocks (every block of
+    /// `peer_oneshot_push`, the last ones of `peer_oneshot_stream`); 0: Lamport mailboxes.
+    pub writers: u32,
     /// The call every rank must make alike ([`crate::calls`]), compared on the device.
     pub call: CallWords,
 }
@@ -86,6 +88,7 @@ pub(crate) struct PeerArgs {
 enum Reducer {
     AllReduce(Algorithm),
     OneshotLocal,
+    OneshotStream,
     ReduceScatter,
 }
 
@@ -94,6 +97,7 @@ impl Reducer {
         match self {
             Reducer::AllReduce(algorithm) => algorithm.kernel_stem(),
             Reducer::OneshotLocal => "oneshot_local",
+            Reducer::OneshotStream => "oneshot_stream",
             Reducer::ReduceScatter => "reduce_scatter",
         }
     }
@@ -113,6 +117,13 @@ pub(crate) fn all_reduce_kernel(
         _ => Reducer::AllReduce(algorithm),
     };
     reducing_kernel(reducer, dtype, op)
+}
+
+/// The kernel of a one-shot push over host memory streamed in chunks,
+/// `peer_oneshot_stream_<dtype>_<op>` (a kernel of its own, so that the smaller messages'
+/// `peer_oneshot_push` carries none of its code).
+pub(crate) fn streamed_push_kernel(dtype: DType, op: ReduceOp) -> &'static str {
+    reducing_kernel(Reducer::OneshotStream, dtype, op)
 }
 
 /// The fused all-reduce + RMSNorm's kernel: its Lamport exchange (`push`) writes only this
@@ -154,7 +165,11 @@ fn every_reducing_kernel() -> impl Iterator<Item = (Reducer, DType, ReduceOp)> {
             Algorithm::ALL
                 .map(Reducer::AllReduce)
                 .into_iter()
-                .chain([Reducer::OneshotLocal, Reducer::ReduceScatter])
+                .chain([
+                    Reducer::OneshotLocal,
+                    Reducer::OneshotStream,
+                    Reducer::ReduceScatter,
+                ])
                 .map(move |reducer| (reducer, dtype, op))
         })
     })
@@ -353,8 +368,13 @@ mod tests {
     fn every_loaded_name_is_a_kernel_of_the_source() {
         let names = every_kernel_name();
         // 9 kernels by name, and per dtype (3) and op (4): 5 all-reduces, the one-shot local
-        // all-reduce, 1 reduce-scatter.
-        assert_eq!(names.len(), 9 + 3 * 4 * 7);
+        // and the streamed one-shot push all-reduces, 1 reduce-scatter.
+        assert_eq!(names.len(), 9 + 3 * 4 * 8);
+        assert!(
+            COLLECTIVES
+                .source
+                .contains("PEER_AR(PEER_ONESHOT_STREAM, oneshot_stream,")
+        );
         for n in names
             .iter()
             .filter(|n| !n.contains("_f32_") && !n.contains("_f16_") && !n.contains("_bf16_"))

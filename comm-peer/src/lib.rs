@@ -12,7 +12,8 @@
 //! release, read with acquire, two alternating sets, no peer atomics) or push (Lamport:
 //! sentinel-filled mailboxes, three rotating buffers, no barrier; over host memory, from
 //! [`FLAGGED_FROM`] bytes, data then a flag, so that every byte crosses the link once each
-//! way), or by the copy engines
+//! way; larger messages streamed in chunks, each with its flag, read while later ones are
+//! written), or by the copy engines
 //! (`copies`: kernels only signal and sum; for regions in host memory), reduce-scatter,
 //! all-gather, broadcast, the fused all-reduce + residual + RMSNorm, and signal
 //! primitives. A message larger than the staging areas (`max_bytes` of [`PeerConfig`])
