@@ -121,6 +121,11 @@ impl Algorithm {
             let auto = Algorithm::auto(memory.world, bytes);
             if memory.host && memory.sharing == 1 && bytes >= COPIES_FROM {
                 Algorithm::OneshotCopy
+            } else if memory.host && memory.world == 2 && bytes <= memory.mailbox {
+                // Two ranks move the same bytes in one shot as in two, and one-shot push
+                // over host memory streams them with one flag trip (one H200, two ranks,
+                // graphs: 1 MiB 63.6 us against 74.8 for two-shot pull).
+                Algorithm::OneshotPush
             } else if memory.sharing > 1
                 && !(auto == Algorithm::OneshotPush && (memory.one_device() || memory.host))
             {
@@ -274,12 +279,13 @@ mod tests {
         let resolve = |bytes, host, sharing| Algorithm::resolve(None, bytes, memory(host, sharing));
         assert_eq!(resolve(COPIES_FROM, true, 1), Algorithm::OneshotCopy);
         assert_eq!(resolve(64 * MIB, true, 1), Algorithm::OneshotCopy);
-        assert_eq!(resolve(COPIES_FROM - 16, true, 1), Algorithm::TwoshotPush);
+        assert_eq!(resolve(COPIES_FROM - 16, true, 1), Algorithm::OneshotPush);
         assert_eq!(resolve(42 << 10, true, 1), Algorithm::OneshotPush);
         // Ranks sharing a device through host memory: one-shot push, then two-shot pull,
         // never copies.
         assert_eq!(resolve(64 * MIB, true, 2), Algorithm::TwoshotPull);
-        assert_eq!(resolve(MIB, true, 2), Algorithm::TwoshotPull);
+        assert_eq!(resolve(MIB, true, 2), Algorithm::OneshotPush);
+        assert_eq!(resolve(8 * MIB + 16, true, 2), Algorithm::TwoshotPull);
         assert_eq!(resolve(42 << 10, true, 2), Algorithm::OneshotPush);
         assert_eq!(resolve(8, true, 2), Algorithm::OneshotPush);
         // Device memory: never copies by default.
@@ -307,7 +313,8 @@ mod tests {
         assert_eq!(resolve(42 << 10, on(4, 2, false)), Algorithm::OneshotPull);
         // One device's ranks over host memory: push at one-shot sizes.
         assert_eq!(resolve(42 << 10, on(2, 2, true)), Algorithm::OneshotPush);
-        assert_eq!(resolve(4 * MIB, on(2, 2, true)), Algorithm::TwoshotPull);
+        assert_eq!(resolve(4 * MIB, on(2, 2, true)), Algorithm::OneshotPush);
+        assert_eq!(resolve(4 * MIB, on(4, 4, true)), Algorithm::TwoshotPull);
         // Push too large for the mailboxes still pulls.
         let small_mailbox = Memory {
             mailbox: 16 << 10,
