@@ -277,8 +277,8 @@ __device__ void peer_oneshot_flagged(const PeerArgs& a, const PeerCtx& c, uint64
 // oneshot-stream: one-shot push over host memory for larger messages, streamed: the message
 // is cut into chunks of a.part bytes. The last a.writers blocks write (writer w: chunks w,
 // w + writers, ...), the other `readers` blocks read (reader r: chunks r, r + readers,
-// ...). A writer stores its chunk into sender slot peer_slot(r, p) of every
-// peer p's data half of this call's parity, then releases the chunk's flag to every peer
+// ...). A writer stores its chunk into sender slot peer_slot(r, p) of every peer p's data
+// half of this call's parity, then releases the chunk's flag to every peer
 // (PeerPad.flags[0][chunk][sender], the value of a first barrier), and goes on to its next
 // chunk without waiting; a reader waits for every peer's flag of its chunk, then reduces the
 // peers' slots with its own input, in rank order. So reads of early chunks cross the link

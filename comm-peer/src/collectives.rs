@@ -172,31 +172,35 @@ impl PeerComm {
             };
             let flagged =
                 plan.algorithm == Algorithm::OneshotPush && self.pushes_flagged(chunk.bytes);
-            if let Some(streamed) = flagged
-                .then(|| Streamed::of(chunk.bytes, self.stream_blocks))
-                .flatten()
-            {
-                let args = PeerArgs {
-                    part: streamed.chunk as u64,
-                    writers: streamed.writers,
-                    ..args
-                };
-                let grid = (streamed.blocks(), self.config.threads);
-                let kernel = streamed_push_kernel(call.dtype, op);
-                self.group.launch(kernel, grid, stream, &args)?;
-                continue;
-            }
-            let work = all_reduce_work(
-                plan.algorithm,
-                call.dtype,
-                count.min(part / call.dtype.size()),
-                world,
-            );
-            let grid = self.all_reduce_grid(plan.algorithm, work);
-            // Data then a flag in one chunk over the grid: every block writes and reads.
-            let args = PeerArgs {
-                writers: if flagged { grid.0 } else { 0 },
-                ..args
+            let streamed = if flagged {
+                Streamed::of(chunk.bytes, self.stream_blocks)
+            } else {
+                None
+            };
+            let (kernel, grid, args) = match streamed {
+                // Chunk after chunk, each with its flag, read while later ones are written.
+                Some(streamed) => (
+                    streamed_push_kernel(call.dtype, op),
+                    (streamed.blocks(), self.config.threads),
+                    PeerArgs {
+                        part: streamed.chunk as u64,
+                        writers: streamed.writers,
+                        ..args
+                    },
+                ),
+                None => {
+                    let work = all_reduce_work(
+                        plan.algorithm,
+                        call.dtype,
+                        count.min(part / call.dtype.size()),
+                        world,
+                    );
+                    let grid = self.all_reduce_grid(plan.algorithm, work);
+                    // Data then a flag in one chunk over the grid: every block writes and
+                    // reads.
+                    let writers = if flagged { grid.0 } else { 0 };
+                    (kernel, grid, PeerArgs { writers, ..args })
+                }
             };
             self.group.launch(kernel, grid, stream, &args)?;
         }
