@@ -247,9 +247,10 @@ __device__ void peer_reduce_slots(const PeerArgs& a, const uint4* inbox, uint64_
 
 // oneshot-push over host memory, for messages of a few chunks at most (a.writers != 0):
 // rank r stores its input into sender slot peer_slot(r, p) of every peer p's data half of
-// this call's parity, then the agreeing barrier (its release orders those stores before the
-// flag), then every rank reduces the peers' slots in its own half with its own input, in
-// rank order. Where the regions are host memory this moves every byte across the link
+// this call's parity, then the gathered barrier (each block's release orders its stores
+// before its flag; block 0 alone waits for every block's flag of every peer and tells the
+// others in device memory), then every rank reduces the peers' slots in its own half with
+// its own input, in rank order, a vector per thread. Where the regions are host memory this moves every byte across the link
 // once each way: Lamport mailboxes must be reset to the sentinel (a second write of every
 // byte), and one-shot pull reads this rank's own data back from host memory. No closing
 // barrier: a peer writes this half again two calls later, after the barrier of the next
@@ -270,7 +271,7 @@ __device__ void peer_oneshot_flagged(const PeerArgs& a, const PeerCtx& c, uint64
     if (v0 < nvec) send(v0, first);
     peer_copy_from(
         v0 + stride, nvec, [&](uint64_t v) { return peer_load_user<DT>(a.input, v, a.count, aligned); }, send);
-    if (!peer_agreeing_barrier(a, c)) return;
+    if (!peer_gathered_barrier(a, c)) return;
     peer_reduce_slots<DT, OP>(a, reinterpret_cast<const uint4*>(c.region[a.rank] + dbuf), nvec, v0, nvec, stride);
 }
 

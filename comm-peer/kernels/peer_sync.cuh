@@ -549,6 +549,37 @@ __device__ bool peer_agreeing_barrier(const PeerArgs& a, const PeerCtx& c) {
     return peer_share_agreement(a, c);
 }
 
+// peer_agreeing_barrier over host memory with one poller: every block releases its flag to
+// every peer as there, but only block 0 waits, for every block's flag of every peer, a
+// thread each, while its last warp compares the calls; the other blocks wait for its word
+// in device memory (peer_share_agreement). So however many blocks read the message, one
+// block's loads poll host memory, where every load costs a trip across the link. Blocks of
+// one warp, a grid of one block, or regions in device memory take peer_agreeing_barrier.
+__device__ bool peer_gathered_barrier(const PeerArgs& a, const PeerCtx& c) {
+    if (a.host == 0 || blockDim.x < 64 || gridDim.x == 1) return peer_agreeing_barrier(a, c);
+    __syncthreads();
+    peer_trace_sent(a, c);
+    const uint32_t value = 2u * c.seq + 1u, t = threadIdx.x, waiters = blockDim.x - 32u;
+    const bool gpu = a.gpu_scope != 0;
+    if (t < a.world && !*c.dead) peer_st_release(&peer_pad(c, t)->flags[0][blockIdx.x][a.rank], value, gpu);
+    if (blockIdx.x == 0) {
+        if (t >= waiters) {
+            const uint32_t q = t - waiters;
+            if (q < a.world && q != a.rank && !*c.dead) peer_await_call(a, c, q);
+        } else {
+            for (uint32_t i = t; i < a.world * gridDim.x; i += waiters) {
+                const uint32_t p = i % a.world, b = i / a.world;
+                if (p != a.rank && !*c.dead)
+                    peer_wait_value(a, c, &peer_pad(c, a.rank)->flags[0][b][p], value, PEER_TIMEOUT_BARRIER, 0, p);
+            }
+        }
+        peer_trace_seen(a, c);
+    }
+    __syncthreads();
+    peer_trace_waited(a, c);
+    return peer_share_agreement(a, c);
+}
+
 // ---------------------------------------------------------------------------------------
 // Programmatic dependent launch (sm_90+): kernels are launched so that they may start while
 // the previous kernel of their stream finishes; each waits for it (griddepcontrol.wait:
