@@ -277,13 +277,12 @@ __device__ void peer_oneshot_flagged(const PeerArgs& a, const PeerCtx& c, uint64
 
 // oneshot-stream: one-shot push over host memory for larger messages, streamed: the message
 // is cut into chunks of a.part bytes. The last a.writers blocks write (writer w: chunks w,
-// w + writers, ...), the other `readers` blocks read, in groups of readers / chunks blocks
-// (at least one; group g: chunks g, g + groups, ...). A writer stores its chunk into sender slot peer_slot(r, p) of every peer p's data
+// w + writers, ...), the other `readers` blocks read (reader r: chunks r, r + readers,
+// ...). A writer stores its chunk into sender slot peer_slot(r, p) of every peer p's data
 // half of this call's parity, then releases the chunk's flag to every peer
 // (PeerPad.flags[0][chunk][sender], the value of a first barrier), and goes on to its next
-// chunk without waiting; a group's first reader waits for every peer's flag of its chunk
-// (and tells the group's others in device memory), then the group reduces the peers' slots
-// with its own input, in rank order. So reads of early chunks cross the link
+// chunk without waiting; a reader waits for every peer's flag of its chunk, then reduces the
+// peers' slots with its own input, in rank order. So reads of early chunks cross the link
 // while later chunks are still being written (the link carries writes and reads in opposite
 // directions). Every byte crosses the link once each way: one-shot pull reads its own data
 // back, Lamport mailboxes need a second write of each (their reset). Calls are compared by
@@ -336,40 +335,27 @@ __device__ void peer_oneshot_streamed(const PeerArgs& a, const PeerCtx& c, uint6
         peer_trace_sent(a, c);
         return;
     }
-    // Readers come in groups of `per` blocks, a group per chunk in turn: its first block
-    // polls the chunk's flags and tells the others in device memory (PeerState.chunk_seen),
-    // so that a chunk is read by several SMs while one polls host memory.
-    const uint32_t per = readers >= chunks ? readers / (uint32_t)chunks : 1u, groups = readers / per;
-    const uint32_t g = blockIdx.x / per, j = blockIdx.x % per;
-    if (g >= groups) return;
     // Block 0 compares the calls: thread 32 + q for peer q while thread q waits for the
     // flag, or thread q after it where the block is a lone warp.
     const bool split = blockDim.x >= 64;
     const uint32_t q = split ? threadIdx.x - 32u : threadIdx.x;
     if (split && blockIdx.x == 0 && q < world && q != me && !*c.dead) peer_await_call(a, c, q);
     const uint4* inbox = reinterpret_cast<const uint4*>(c.region[me] + dbuf);
-    for (uint64_t k = g; k < chunks; k += groups) {
-        if (j == 0) {
-            if (p < world && p != me && !*c.dead)
-                peer_wait_value(a, c, &peer_pad(c, me)->flags[0][k][p], value, PEER_TIMEOUT_BARRIER, 0, p);
-            if (!split && blockIdx.x == 0 && k == 0 && q < world && q != me && !*c.dead) peer_await_call(a, c, q);
-        }
-        if (k == g) peer_trace_seen(a, c);
-        __syncthreads();
-        if (per > 1 && threadIdx.x == 0 && !*c.dead) {
-            if (j == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&c.state->chunk_seen[k]), "r"(value) : "memory");
-            else peer_wait_on_device(a, c, &c.state->chunk_seen[k], value, PEER_TIMEOUT_BARRIER, (me + 1u) % world);
-        }
-        if (k == g) {
-            if (per > 1) __syncthreads();
+    for (uint64_t k = blockIdx.x; k < chunks; k += readers) {
+        if (p < world && p != me && !*c.dead)
+            peer_wait_value(a, c, &peer_pad(c, me)->flags[0][k][p], value, PEER_TIMEOUT_BARRIER, 0, p);
+        if (!split && blockIdx.x == 0 && k == 0 && q < world && q != me && !*c.dead) peer_await_call(a, c, q);
+        if (k == blockIdx.x) {
+            peer_trace_seen(a, c);
+            __syncthreads();
             peer_trace_waited(a, c);
             if (!peer_share_agreement(a, c)) return;
         } else {
-            if (per > 1) __syncthreads();
+            __syncthreads();
             if (*c.dead) return;
         }
         const uint64_t to = (k + 1) * cv < nvec ? (k + 1) * cv : nvec;
-        peer_reduce_slots<DT, OP>(a, inbox, nvec, k * cv + j * blockDim.x + threadIdx.x, to, per * blockDim.x);
+        peer_reduce_slots<DT, OP>(a, inbox, nvec, k * cv + threadIdx.x, to, blockDim.x);
     }
 }
 

@@ -113,8 +113,7 @@ pub(crate) fn fused_grid(
 /// How a streamed one-shot push over host memory (the kernel's `peer_oneshot_streamed`)
 /// runs one launch: the message cut into chunks of `chunk` bytes (a multiple of 16), which
 /// `writers` blocks store into the peers, each chunk followed by its flag, and `readers`
-/// blocks (one or three per chunk, one of them polling) reduce as each chunk's flags come.
-/// Every rank computes the same.
+/// blocks (one per chunk) reduce as each chunk's flags come. Every rank computes the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Streamed {
     pub chunk: usize,
@@ -136,10 +135,7 @@ impl Streamed {
     /// (chunk, writers, readers), 2026-12-03: 128 KiB 15.0 with 32 KiB x 2 (18.0-18.4 with 16
     /// KiB x 2); 256 KiB 22.7-23.1 with 64 KiB x 2 (24.2 with 32 KiB); 512 KiB 36.4-36.8 with
     /// 64 KiB x 2 (42.2-43.1 with 128 KiB); 1 MiB 63.6-63.8 with 128 KiB x 2 (65.6-66.4 with
-    /// 64 KiB, 70.1-70.8 with one writer, 73.6-73.9 with 16 writers). Readers per chunk, one
-    /// polling host memory for the others (2026-12-04; 1 / 2 / 3 / 4 / 6): 128 KiB 15.1 /
-    /// 14.9 / 14.8 / 14.8 / 14.9; 256 KiB 22.7 / 21.7 / 21.2 / 21.5 / 21.0; 512 KiB 36.5 /
-    /// 39.5 / 38.2 / 38.4 / 38.3; 1 MiB 63.5 / 66.6 / 67.9 / 72.5 / 72.2.
+    /// 64 KiB, 70.1-70.8 with one writer, 73.6-73.9 with 16 writers).
     pub(crate) fn of(bytes: usize, most_blocks: u32) -> Option<Streamed> {
         const KIB: usize = 1 << 10;
         let most = most_blocks.clamp(2, MAX_BLOCKS);
@@ -156,14 +152,7 @@ impl Streamed {
         // Small chunks in parallel, a writer each; large ones by two writers in turn.
         let writers = if chunk >= 32 * KIB { 2 } else { chunks };
         let writers = writers.min(most / 2);
-        // Four large chunks get three readers each (one of them polls); eight chunks keep
-        // one each, since more readers then slowed them.
-        let per_chunk = if chunks == 4 && chunk >= 32 * KIB {
-            3
-        } else {
-            1
-        };
-        let readers = (chunks * per_chunk).min(most - writers);
+        let readers = chunks.min(most - writers);
         Some(Streamed {
             chunk,
             writers,
@@ -215,8 +204,8 @@ mod tests {
         assert_eq!(plan(12 * KIB), None);
         assert_eq!(plan(48 * KIB), None);
         assert_eq!(plan(64 * KIB), Some((16 * KIB, 4, 4)));
-        assert_eq!(plan(128 * KIB), Some((32 * KIB, 2, 12)));
-        assert_eq!(plan(256 * KIB), Some((64 * KIB, 2, 12)));
+        assert_eq!(plan(128 * KIB), Some((32 * KIB, 2, 4)));
+        assert_eq!(plan(256 * KIB), Some((64 * KIB, 2, 4)));
         assert_eq!(plan(512 * KIB), Some((64 * KIB, 2, 8)));
         assert_eq!(plan(1 << 20), Some((128 * KIB, 2, 8)));
         // At most one flag slot per chunk, and the blocks within the bound.
@@ -225,8 +214,6 @@ mod tests {
         assert_eq!((big.writers, big.readers), (2, 42));
         let tight = Streamed::of(64 * KIB, 4).unwrap();
         assert_eq!((tight.writers, tight.readers), (2, 2));
-        let tight = Streamed::of(256 * KIB, 8).unwrap();
-        assert_eq!((tight.writers, tight.readers), (2, 6));
         assert_eq!(Streamed::of(1 << 20, 0).unwrap().blocks(), 2);
     }
 
