@@ -151,8 +151,8 @@ impl FabricParams {
 /// graphs, bf16; benchmarks/history/2026-11-30.md, "Without peer access"): 9.1 us at 8 B,
 /// 13.9 at 42 KB, 34.8 at 256 KiB, 61.4 at 1 MiB, 165 at 4 MiB, 598 at 16 MiB. Ours on the
 /// host-mapped kernels, one-shot push by data and flags, streamed in chunks beyond 48 KiB
-/// (BENCHMARKS.md, "Host memory on one GPU", 2026-12-04): 4.0 us at 8 B, 9.3 at 42 KB, 21.3
-/// at 256 KiB, 36.8 at 512 KiB, 63.7 at 1 MiB, measured with both ranks on one H200, whose
+/// (BENCHMARKS.md, "Host memory on one GPU", 2026-12-03/04): 4.0 us at 8 B, 9.3 at 42 KB,
+/// 23.2 at 256 KiB, 36.7 at 512 KiB, 63.4 at 1 MiB, measured with both ranks on one H200, whose
 /// one link then carries both ranks' traffic; the two-GPU comparison is still to be run. So
 /// the model takes our kernels up to 512 KiB at two ranks and NCCL from 1 MiB, where the two
 /// measured within 4% of each other. A tuning table measured on the machine beats the model
@@ -172,7 +172,7 @@ pub const NO_P2P: FabricParams = FabricParams {
     // measured beyond two ranks; a PCIe 5 link carried ~50 GB/s each way (copy-probe).
     shared_gbps: Some(60.0),
     read_contention: 0.25,
-    // One-shot push: 4.5 us + 42 KB in ~4.8 us, 256 KiB in ~16.8, 1 MiB in ~59 (18 GB/s);
+    // One-shot push: 4.5 us + 42 KB in ~4.8 us, 256 KiB in ~18.7, 1 MiB in ~59 (18 GB/s);
     // small messages pay a fixed cost beyond the launch (flag trips) that this linear model
     // has not, so 0.53 (14.8 GB/s) keeps 42 KB (-20%) and 1 MiB (+18%) within 25%.
     kernel_efficiency: 0.53,
@@ -466,9 +466,9 @@ mod tests {
             (Ring, 16 << 20, 598.0),
             (OneShotPush, 8, 4.0),
             (OneShotPush, KB42, 9.3),
-            (OneShotPush, 256 << 10, 21.3),
-            (OneShotPush, 512 << 10, 36.8),
-            (OneShotPush, 1 << 20, 63.7),
+            (OneShotPush, 256 << 10, 23.2),
+            (OneShotPush, 512 << 10, 36.7),
+            (OneShotPush, 1 << 20, 63.4),
         ] {
             let predicted = us(&model, pattern, bytes);
             assert!(
