@@ -250,9 +250,10 @@ __device__ void peer_reduce_slots(const PeerArgs& a, const uint4* inbox, uint64_
 // this call's parity, then the gathered barrier (each block's release orders its stores
 // before its flag; block 0 alone waits for every block's flag of every peer and tells the
 // others in device memory), then every rank reduces the peers' slots in its own half with
-// its own input, in rank order, a vector per thread. Where the regions are host memory this moves every byte across the link
-// once each way: Lamport mailboxes must be reset to the sentinel (a second write of every
-// byte), and one-shot pull reads this rank's own data back from host memory. No closing
+// its own input, in rank order, a vector per thread. Where the regions are host memory
+// this moves every byte across the link once each way: Lamport mailboxes must be reset to
+// the sentinel (a second write of every byte), and one-shot pull reads this rank's own data
+// back from host memory. No closing
 // barrier: a peer writes this half again two calls later, after the barrier of the next
 // call, which this rank reaches only once it has read this call's slots. `first`: this
 // thread's first input vector, loaded already. The host keeps (world - 1) slots of the

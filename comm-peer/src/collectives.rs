@@ -65,14 +65,7 @@ impl PeerComm {
     }
 
     fn grid(&self, work: usize) -> (u32, u32) {
-        (
-            blocks(
-                work.div_ceil(self.items_per_thread),
-                self.config.threads,
-                self.max_blocks,
-            ),
-            self.config.threads,
-        )
+        self.grid_of_vectors(work.div_ceil(self.items_per_thread))
     }
 
     /// An all-reduce's grid: a one-shot's spreads a small message over more SMs.
