@@ -278,12 +278,13 @@ __device__ void peer_oneshot_flagged(const PeerArgs& a, const PeerCtx& c, uint64
 
 // oneshot-stream: one-shot push over host memory for larger messages, streamed: the message
 // is cut into chunks of a.part bytes. The last a.writers blocks write (writer w: chunks w,
-// w + writers, ...), the other `readers` blocks read (reader r: chunks r, r + readers,
-// ...). A writer stores its chunk into sender slot peer_slot(r, p) of every peer p's data
-// half of this call's parity, then releases the chunk's flag to every peer
-// (PeerPad.flags[0][chunk][sender], the value of a first barrier), and goes on to its next
-// chunk without waiting; a reader waits for every peer's flag of its chunk, then reduces the
-// peers' slots with its own input, in rank order. So reads of early chunks cross the link
+// w + writers, ...), the other `readers` blocks read: one a chunk in turn (reader r: chunks
+// r, r + readers, ...), or, where there are two or more per chunk, a group of them each
+// (peer_stream_read_grouped). A writer stores its chunk into sender slot peer_slot(r, p) of
+// every peer p's data half of this call's parity, then releases the chunk's flag to every
+// peer (PeerPad.flags[0][chunk][sender], the value of a first barrier), and goes on to its
+// next chunk without waiting; a reader waits for every peer's flag of its chunk, then reduces
+// the peers' slots with its own input, in rank order. So reads of early chunks cross the link
 // while later chunks are still being written (the link carries writes and reads in opposite
 // directions). Every byte crosses the link once each way: one-shot pull reads its own data
 // back, Lamport mailboxes need a second write of each (their reset). Calls are compared by
@@ -292,7 +293,9 @@ __device__ void peer_oneshot_flagged(const PeerArgs& a, const PeerCtx& c, uint64
 // only into this call's staging half, which no rank reads before its flags, and nothing a
 // rank reads is written there again too early: a peer writes this half again two calls
 // later, after its next call saw every flag of this rank's next call, which this rank
-// raises only after this call's reads (a kernel boundary). No closing barrier.
+// raises only after this call's reads (a kernel boundary). No closing barrier. In place, a
+// chunk's readers also wait until this rank's writer has sent it (PeerState.chunk_sent, in
+// device memory): they overwrite the input it sends from.
 __device__ __forceinline__ uint32_t peer_stream_readers(const PeerArgs& a) { return gridDim.x - a.writers; }
 
 // This thread's first input vector in a streamed one-shot push (its writer block's first
@@ -304,13 +307,50 @@ __device__ __forceinline__ uint64_t peer_stream_first(const PeerArgs& a, uint64_
     return v < nvec ? v : ~0ull;
 }
 
+// The readers of a streamed push with `per` (>= 2) blocks a chunk: reader block b is block
+// b % per of chunk b / per (every chunk has one group, the grid holding readers / per
+// groups). The group's first block polls the chunk's flags in host memory and tells the
+// others through PeerState.chunk_seen in device memory, so a chunk is read by several SMs
+// while only one polls the link.
 template <int DT, int OP>
+__device__ void peer_stream_read_grouped(const PeerArgs& a, const PeerCtx& c, const uint4* inbox, uint64_t nvec,
+                                         uint32_t per, bool split, uint32_t q) {
+    const uint64_t cv = a.part / 16;
+    const uint32_t world = a.world, me = a.rank, value = 2u * c.seq + 1u, p = threadIdx.x;
+    const uint32_t k = blockIdx.x / per, j = blockIdx.x % per;
+    if ((uint64_t)k * cv >= nvec) return;
+    if (j == 0) {
+        if (p < world && p != me && !*c.dead)
+            peer_wait_value(a, c, &peer_pad(c, me)->flags[0][k][p], value, PEER_TIMEOUT_BARRIER, 0, p);
+        else if (p == me && a.input == a.output && !*c.dead)
+            peer_wait_on_device(a, c, &c.state->chunk_sent[k], value, PEER_TIMEOUT_BARRIER, (me + 1u) % world);
+        if (!split && blockIdx.x == 0 && q < world && q != me && !*c.dead) peer_await_call(a, c, q);
+    }
+    peer_trace_seen(a, c);
+    __syncthreads();
+    if (threadIdx.x == 0 && !*c.dead) {
+        if (j == 0)
+            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&c.state->chunk_seen[k]), "r"(value) : "memory");
+        else
+            peer_wait_on_device(a, c, &c.state->chunk_seen[k], value, PEER_TIMEOUT_BARRIER, (me + 1u) % world);
+    }
+    __syncthreads();
+    peer_trace_waited(a, c);
+    if (!peer_share_agreement(a, c)) return;
+    const uint64_t end = (uint64_t)(k + 1) * cv, to = end < nvec ? end : nvec;
+    peer_reduce_slots<DT, OP>(a, inbox, nvec, k * cv + j * blockDim.x + threadIdx.x, to, per * blockDim.x);
+}
+
+// GROUPED: the readers come in groups of two or more a chunk where the grid has them (the
+// kernels peer_oneshot_grouped_*, so that those of one reader a chunk carry none of it).
+template <int DT, int OP, bool GROUPED>
 __device__ void peer_oneshot_streamed(const PeerArgs& a, const PeerCtx& c, uint64_t nvec, uint4 first) {
     const bool aligned = a.aligned != 0;
     const uint64_t dbuf = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
     const uint64_t cv = a.part / 16, chunks = (nvec + cv - 1) / cv;
     const uint32_t readers = peer_stream_readers(a), world = a.world, me = a.rank;
     const uint32_t value = 2u * c.seq + 1u, p = threadIdx.x;
+    const bool in_place = a.input == a.output;
     if (blockIdx.x >= readers) {
         const auto send = [&](uint64_t v, uint4 w) {
             for (uint32_t k = 1; k < world; ++k) {
@@ -332,6 +372,7 @@ __device__ void peer_oneshot_streamed(const PeerArgs& a, const PeerCtx& c, uint6
             // The release orders every thread's stores of the chunk (seen through the
             // block barrier) before the flag.
             if (p < world && p != me) peer_st_release(&peer_pad(c, p)->flags[0][k][me], value, false);
+            else if (p == me && in_place) peer_st_release(&c.state->chunk_sent[k], value, true);
         }
         peer_trace_sent(a, c);
         return;
@@ -342,9 +383,15 @@ __device__ void peer_oneshot_streamed(const PeerArgs& a, const PeerCtx& c, uint6
     const uint32_t q = split ? threadIdx.x - 32u : threadIdx.x;
     if (split && blockIdx.x == 0 && q < world && q != me && !*c.dead) peer_await_call(a, c, q);
     const uint4* inbox = reinterpret_cast<const uint4*>(c.region[me] + dbuf);
+    if (GROUPED && readers >= 2 * chunks) {
+        peer_stream_read_grouped<DT, OP>(a, c, inbox, nvec, readers / (uint32_t)chunks, split, q);
+        return;
+    }
     for (uint64_t k = blockIdx.x; k < chunks; k += readers) {
         if (p < world && p != me && !*c.dead)
             peer_wait_value(a, c, &peer_pad(c, me)->flags[0][k][p], value, PEER_TIMEOUT_BARRIER, 0, p);
+        else if (p == me && in_place && !*c.dead)
+            peer_wait_on_device(a, c, &c.state->chunk_sent[k], value, PEER_TIMEOUT_BARRIER, (me + 1u) % world);
         if (!split && blockIdx.x == 0 && k == 0 && q < world && q != me && !*c.dead) peer_await_call(a, c, q);
         if (k == blockIdx.x) {
             peer_trace_seen(a, c);
@@ -445,6 +492,7 @@ template <int DT, int OP> __device__ void peer_sum_staged(const PeerArgs& a) {
 #define PEER_ONESHOT_COPY 4
 #define PEER_ONESHOT_LOCAL 5
 #define PEER_ONESHOT_STREAM 6
+#define PEER_ONESHOT_GROUPED 7
 
 template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(const PeerArgs& a) {
     PEER_PROLOGUE_WAIT(a)
@@ -452,11 +500,12 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(c
     // The one-shot kernels' first input vector of this thread, loaded while thread 0 loads
     // the call state, so that the first store (to the data buffer or the peers' mailboxes)
     // waits for one memory round trip, not two. Zero-copy pull reads inputs where they lie.
-    constexpr bool oneshot = ALGO == PEER_ONESHOT_PULL || ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL ||
-                             ALGO == PEER_ONESHOT_STREAM;
+    constexpr bool streamed = ALGO == PEER_ONESHOT_STREAM || ALGO == PEER_ONESHOT_GROUPED;
+    constexpr bool oneshot =
+        ALGO == PEER_ONESHOT_PULL || ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL || streamed;
     // A streamed one-shot push's writer loads the first vector of its first chunk.
     uint64_t v_first;
-    if constexpr (ALGO == PEER_ONESHOT_STREAM) v_first = peer_stream_first(a, nvec);
+    if constexpr (streamed) v_first = peer_stream_first(a, nvec);
     else v_first = peer_tid();
     const bool early = oneshot && v_first < nvec && (ALGO != PEER_ONESHOT_PULL || a.inputs == nullptr);
     const uint4 first = early ? peer_load_user<DT>(a.input, v_first, a.count, a.aligned != 0) : uint4{};
@@ -470,16 +519,16 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(c
         if (a.writers != 0) peer_oneshot_flagged<DT, OP>(a, c, nvec, first);
         else peer_oneshot_lamport<DT, OP, false>(a, c, nvec, first);
     }
-    else if constexpr (ALGO == PEER_ONESHOT_STREAM) peer_oneshot_streamed<DT, OP>(a, c, nvec, first);
+    else if constexpr (streamed) peer_oneshot_streamed<DT, OP, ALGO == PEER_ONESHOT_GROUPED>(a, c, nvec, first);
     else if constexpr (ALGO == PEER_ONESHOT_LOCAL) peer_oneshot_lamport<DT, OP, true>(a, c, nvec, first);
     else peer_twoshot_push<DT, OP>(a, c, nvec);
     // Push kernels reset what peers wrote while their own data travels; what peers read
     // (a one-shot local buffer) waits until every peer is seen in this call.
-    constexpr bool push = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_TWOSHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL ||
-                          ALGO == PEER_ONESHOT_STREAM;
+    constexpr bool push =
+        ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_TWOSHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL || streamed;
     constexpr bool oneshot_mailbox = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL;
     // One-shot push by data and flags writes no mailbox and has reset none of them yet.
-    const bool flagged = ALGO == PEER_ONESHOT_STREAM || (ALGO == PEER_ONESHOT_PUSH && a.writers != 0);
+    const bool flagged = streamed || (ALGO == PEER_ONESHOT_PUSH && a.writers != 0);
     const uint64_t oneshot_used =
         oneshot_mailbox && !flagged ? nvec * 16 | (ALGO == PEER_ONESHOT_LOCAL ? PEER_USED_OWN : 0) : 0;
     // Two-shot pull has reset the previous call's mailboxes itself, and counts a call per part.
@@ -828,6 +877,7 @@ extern "C" __global__ void peer_agree_only(PeerArgs a) {
     PEER_AR(PEER_ONESHOT_COPY, oneshot_copy, DT, DNAME, OP, ONAME)    \
     PEER_AR(PEER_ONESHOT_LOCAL, oneshot_local, DT, DNAME, OP, ONAME)  \
     PEER_AR(PEER_ONESHOT_STREAM, oneshot_stream, DT, DNAME, OP, ONAME) \
+    PEER_AR(PEER_ONESHOT_GROUPED, oneshot_grouped, DT, DNAME, OP, ONAME) \
     PEER_RS(DT, DNAME, OP, ONAME)
 #define PEER_DTYPE(DT, DNAME)                 \
     PEER_OPS(DT, DNAME, COMM_SUM, sum)        \

@@ -115,6 +115,8 @@ struct PeerState {
     uint32_t sent[PEER_CHANNELS][PEER_MAX_RANKS];  // signals sent, per channel and peer
     uint32_t seen[PEER_CHANNELS][PEER_MAX_RANKS];  // signals consumed, per channel and peer
     uint64_t row_sums[PEER_MAX_BLOCKS];  // fused op: each block's part of its row's sum of squares, tagged
+    uint32_t chunk_seen[PEER_MAX_BLOCKS];  // streamed push: 2 x call + 1 once chunk k's flags came
+    uint32_t chunk_sent[PEER_MAX_BLOCKS];  // streamed push in place: 2 x call + 1 once chunk k is sent
 };
 
 struct PeerTable {
@@ -455,6 +457,25 @@ __device__ bool peer_await_call(const PeerArgs& a, const PeerCtx& c, uint32_t p)
     return seen == 1 || peer_await_call_words(a, c, p);
 }
 
+// Spins until `word` of this rank's PeerState (device memory, written by another block of
+// this launch) reaches `want`, bounded; stops at once when a block gave up or found the
+// calls different (PeerState.abort). One thread.
+__device__ __forceinline__ void peer_wait_on_device(const PeerArgs& a, const PeerCtx& c, const uint32_t* word,
+                                                    uint32_t want, uint32_t code, uint32_t peer) {
+    const uint64_t start = peer_now();
+    uint32_t spins = 0;
+    while (true) {
+        uint32_t v;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(word) : "memory");
+        if ((int32_t)(v - want) >= 0) return;
+        if (*(volatile uint32_t*)&c.state->abort) {
+            *c.dead = 1;
+            return;
+        }
+        if (peer_give_up(a, c, start, spins, code, 0, peer)) return;
+    }
+}
+
 // Where the regions are host memory, only block 0 compares the calls, and the launch's
 // other blocks wait for its verdict in this rank's device memory (PeerState.agreed) before
 // they write output. Every block reading the same call slot costs far more there than the
@@ -475,21 +496,8 @@ __device__ bool peer_share_agreement(const PeerArgs& a, const PeerCtx& c) {
             asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&c.state->agreed), "r"(want) : "memory");
         return !*c.dead;
     }
-    if (threadIdx.x == 0 && !*c.dead) {
-        const uint64_t start = peer_now();
-        uint32_t spins = 0;
-        while (true) {
-            uint32_t v;
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(&c.state->agreed) : "memory");
-            if ((int32_t)(v - want) >= 0) break;
-            // Block 0 found a difference (or gave up): stop at once.
-            if (*(volatile uint32_t*)&c.state->abort) {
-                *c.dead = 1;
-                break;
-            }
-            if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_CALL, 0, (a.rank + 1u) % a.world)) break;
-        }
-    }
+    if (threadIdx.x == 0 && !*c.dead)
+        peer_wait_on_device(a, c, &c.state->agreed, want, PEER_TIMEOUT_CALL, (a.rank + 1u) % a.world);
     __syncthreads();
     return !*c.dead;
 }

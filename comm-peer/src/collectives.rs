@@ -185,7 +185,7 @@ impl PeerComm {
             let (kernel, grid, args) = match streamed {
                 // Chunk after chunk, each with its flag, read while later ones are written.
                 Some(streamed) => (
-                    streamed_push_kernel(call.dtype, op),
+                    streamed_push_kernel(call.dtype, op, streamed.grouped(chunk.bytes)),
                     (streamed.blocks(), self.config.threads),
                     PeerArgs {
                         part: streamed.chunk as u64,

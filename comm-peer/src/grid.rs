@@ -113,7 +113,8 @@ pub(crate) fn fused_grid(
 /// How a streamed one-shot push over host memory (the kernel's `peer_oneshot_streamed`)
 /// runs one launch: the message cut into chunks of `chunk` bytes (a multiple of 16), which
 /// `writers` blocks store into the peers, each chunk followed by its flag, and `readers`
-/// blocks (one per chunk) reduce as each chunk's flags come. Every rank computes the same.
+/// blocks (one to three per chunk, one of them polling) reduce as each chunk's flags come.
+/// Every rank computes the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Streamed {
     pub chunk: usize,
@@ -122,6 +123,12 @@ pub(crate) struct Streamed {
 }
 
 impl Streamed {
+    /// Whether a message of `bytes` has two or more readers a chunk (the kernel then reads
+    /// each chunk with a group of blocks: `peer_oneshot_grouped_*`).
+    pub(crate) fn grouped(&self, bytes: usize) -> bool {
+        self.readers as usize >= 2 * bytes.div_ceil(self.chunk)
+    }
+
     /// The plan for `bytes` in at most `most_blocks` blocks (at least 2); `None` for a
     /// message of three chunks or fewer, which goes as one chunk over the whole grid, each
     /// block writing its share, then reading it (`peer_oneshot_flagged`: 42 KB in 9.4-9.6
@@ -135,11 +142,18 @@ impl Streamed {
     /// (chunk, writers, readers), 2026-12-03: 128 KiB 15.0 with 32 KiB x 2 (18.0-18.4 with 16
     /// KiB x 2); 256 KiB 22.7-23.1 with 64 KiB x 2 (24.2 with 32 KiB); 512 KiB 36.4-36.8 with
     /// 64 KiB x 2 (42.2-43.1 with 128 KiB); 1 MiB 63.6-63.8 with 128 KiB x 2 (65.6-66.4 with
-    /// 64 KiB, 70.1-70.8 with one writer, 73.6-73.9 with 16 writers).
+    /// 64 KiB, 70.1-70.8 with one writer, 73.6-73.9 with 16 writers). Readers per chunk, one
+    /// polling host memory for the others (2026-12-04; 1 / 2 / 3 / 4 / 6), 4 chunks: 128 KiB
+    /// 15.1 / 14.8 / 14.7 / 14.9 / 14.8; 256 KiB 22.7 / 21.4 / 21.0 / 20.9 / 20.8; 384 KiB
+    /// (96 KiB chunks) - / 28.7 / 31.8 / 31.0 / 31.0, against 30.8 in 8 chunks of one reader;
+    /// 512 KiB (128 KiB chunks) - / 36.6 / 37.3 / 41.4 / 41.0, against 36.8 in 8 (and 36.9
+    /// against 36.0 in another run, so 512 KiB keeps 8 chunks); 8 chunks of
+    /// 2 readers: 512 KiB 39.5, 1 MiB 66.6; 1 MiB in 4 chunks of 256 KiB, 2 / 3 readers: 66.1
+    /// / 64.2, against 63.8 in 8 of one.
     pub(crate) fn of(bytes: usize, most_blocks: u32) -> Option<Streamed> {
         const KIB: usize = 1 << 10;
         let most = most_blocks.clamp(2, MAX_BLOCKS);
-        let parts = if bytes <= 256 * KIB { 4 } else { 8 };
+        let parts = if bytes <= 384 * KIB { 4 } else { 8 };
         // A flag slot per chunk: at most MAX_BLOCKS of them.
         let chunk = (bytes / parts)
             .clamp(16 * KIB, 128 * KIB)
@@ -152,7 +166,14 @@ impl Streamed {
         // Small chunks in parallel, a writer each; large ones by two writers in turn.
         let writers = if chunk >= 32 * KIB { 2 } else { chunks };
         let writers = writers.min(most / 2);
-        let readers = chunks.min(most - writers);
+        // Four large chunks get three readers each up to 256 KiB (one of them polls), two
+        // up to 384 KiB; eight chunks keep one each, since more readers then slowed them.
+        let per_chunk = match chunks {
+            4 if chunk >= 32 * KIB && bytes <= 256 * KIB => 3,
+            4 if chunk >= 32 * KIB => 2,
+            _ => 1,
+        };
+        let readers = (chunks * per_chunk).min(most - writers);
         Some(Streamed {
             chunk,
             writers,
@@ -204,9 +225,14 @@ mod tests {
         assert_eq!(plan(12 * KIB), None);
         assert_eq!(plan(48 * KIB), None);
         assert_eq!(plan(64 * KIB), Some((16 * KIB, 4, 4)));
-        assert_eq!(plan(128 * KIB), Some((32 * KIB, 2, 4)));
-        assert_eq!(plan(256 * KIB), Some((64 * KIB, 2, 4)));
+        assert_eq!(plan(128 * KIB), Some((32 * KIB, 2, 12)));
+        assert_eq!(plan(256 * KIB), Some((64 * KIB, 2, 12)));
+        assert_eq!(plan(384 * KIB), Some((96 * KIB, 2, 8)));
         assert_eq!(plan(512 * KIB), Some((64 * KIB, 2, 8)));
+        assert_eq!(plan(768 * KIB), Some((96 * KIB, 2, 8)));
+        let grouped = |bytes| Streamed::of(bytes, 44).unwrap().grouped(bytes);
+        assert!(grouped(128 * KIB) && grouped(384 * KIB));
+        assert!(!grouped(64 * KIB) && !grouped(512 * KIB) && !grouped(1 << 20));
         assert_eq!(plan(1 << 20), Some((128 * KIB, 2, 8)));
         // At most one flag slot per chunk, and the blocks within the bound.
         let big = Streamed::of(64 << 20, 44).unwrap();
@@ -214,6 +240,12 @@ mod tests {
         assert_eq!((big.writers, big.readers), (2, 42));
         let tight = Streamed::of(64 * KIB, 4).unwrap();
         assert_eq!((tight.writers, tight.readers), (2, 2));
+        let tight = Streamed::of(256 * KIB, 8).unwrap();
+        assert_eq!((tight.writers, tight.readers), (2, 6));
+        assert!(
+            !tight.grouped(256 * KIB),
+            "six readers for four chunks: one a chunk"
+        );
         assert_eq!(Streamed::of(1 << 20, 0).unwrap().blocks(), 2);
     }
 

@@ -89,6 +89,7 @@ enum Reducer {
     AllReduce(Algorithm),
     OneshotLocal,
     OneshotStream,
+    OneshotGrouped,
     ReduceScatter,
 }
 
@@ -98,6 +99,7 @@ impl Reducer {
             Reducer::AllReduce(algorithm) => algorithm.kernel_stem(),
             Reducer::OneshotLocal => "oneshot_local",
             Reducer::OneshotStream => "oneshot_stream",
+            Reducer::OneshotGrouped => "oneshot_grouped",
             Reducer::ReduceScatter => "reduce_scatter",
         }
     }
@@ -121,9 +123,17 @@ pub(crate) fn all_reduce_kernel(
 
 /// The kernel of a one-shot push over host memory streamed in chunks,
 /// `peer_oneshot_stream_<dtype>_<op>` (a kernel of its own, so that the smaller messages'
-/// `peer_oneshot_push` carries none of its code).
-pub(crate) fn streamed_push_kernel(dtype: DType, op: ReduceOp) -> &'static str {
-    reducing_kernel(Reducer::OneshotStream, dtype, op)
+/// `peer_oneshot_push` carries none of its code), or with `grouped` readers (several a chunk)
+/// `peer_oneshot_grouped_<dtype>_<op>`: a third kernel, since the groups' code in the
+/// streamed kernel cost messages of one reader a chunk ~1 us at 448 KiB-1 MiB (one H200,
+/// two ranks, graphs).
+pub(crate) fn streamed_push_kernel(dtype: DType, op: ReduceOp, grouped: bool) -> &'static str {
+    let reducer = if grouped {
+        Reducer::OneshotGrouped
+    } else {
+        Reducer::OneshotStream
+    };
+    reducing_kernel(reducer, dtype, op)
 }
 
 /// The fused all-reduce + RMSNorm's kernel: its Lamport exchange (`push`) writes only this
@@ -168,6 +178,7 @@ fn every_reducing_kernel() -> impl Iterator<Item = (Reducer, DType, ReduceOp)> {
                 .chain([
                     Reducer::OneshotLocal,
                     Reducer::OneshotStream,
+                    Reducer::OneshotGrouped,
                     Reducer::ReduceScatter,
                 ])
                 .map(move |reducer| (reducer, dtype, op))
@@ -368,12 +379,17 @@ mod tests {
     fn every_loaded_name_is_a_kernel_of_the_source() {
         let names = every_kernel_name();
         // 9 kernels by name, and per dtype (3) and op (4): 5 all-reduces, the one-shot local
-        // and the streamed one-shot push all-reduces, 1 reduce-scatter.
-        assert_eq!(names.len(), 9 + 3 * 4 * 8);
+        // and the two streamed one-shot push all-reduces, 1 reduce-scatter.
+        assert_eq!(names.len(), 9 + 3 * 4 * 9);
         assert!(
             COLLECTIVES
                 .source
                 .contains("PEER_AR(PEER_ONESHOT_STREAM, oneshot_stream,")
+        );
+        assert!(
+            COLLECTIVES
+                .source
+                .contains("PEER_AR(PEER_ONESHOT_GROUPED, oneshot_grouped,")
         );
         for n in names
             .iter()

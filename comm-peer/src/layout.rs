@@ -34,10 +34,13 @@ pub const DIGESTS_OFFSET: usize =
 /// `digests[2][MAX_RANKS]` of 16 bytes (a digest of the call beside its tag).
 pub const PAD_BYTES: usize = DIGESTS_OFFSET + 2 * MAX_RANKS * 16;
 /// Bytes of `PeerState`, this rank's own bookkeeping (MAX_BLOCKS + 2 u32, 3 x 3 u64,
-/// 2 x ALL_CHANNELS x MAX_RANKS u32, MAX_BLOCKS u64), kept in device memory beside the
-/// region, not in it.
-pub const STATE_BYTES: usize =
-    (MAX_BLOCKS as usize + 2) * 4 + 72 + 2 * ALL_CHANNELS * MAX_RANKS * 4 + MAX_BLOCKS as usize * 8;
+/// 2 x ALL_CHANNELS x MAX_RANKS u32, MAX_BLOCKS u64, 2 x MAX_BLOCKS u32), kept in device
+/// memory beside the region, not in it.
+pub const STATE_BYTES: usize = (MAX_BLOCKS as usize + 2) * 4
+    + 72
+    + 2 * ALL_CHANNELS * MAX_RANKS * 4
+    + MAX_BLOCKS as usize * 8
+    + 2 * MAX_BLOCKS as usize * 4;
 /// Bytes before the first data area (the pad, rounded up).
 pub const HEADER_BYTES: usize = 12 << 10;
 /// Lamport buffers that rotate.
