@@ -57,23 +57,25 @@ extern "C" __global__ void host_probe_chase(const u64* chain, u64 steps, u64* ti
     times[1] = i;
 }
 
-// Every thread of the grid reads (write == 0; loads of `flavor`, probe_ld4_as) or writes (write != 0) the 16-byte vectors
-// tid, tid + stride, ... < nvec of `buf`, as a one-shot all-reduce reads its peers' data.
-// Each block records its start and end (times[2 * block], times[2 * block + 1]) so that the
-// host can take the grid's span without the launch; a read's xor goes to sink.
-extern "C" __global__ void host_probe_move(uint4* buf, u64 nvec, int write, u64* times, uint4* sink, int flavor) {
+// Block `block` of `blocks` reads (write == 0; loads of `flavor`, probe_ld4_as) or writes
+// (write != 0) the 16-byte vectors tid, tid + stride, ... < nvec of `buf`, as a one-shot
+// all-reduce reads its peers' data, and records its start and end (times[2 * blockIdx.x],
+// times[2 * blockIdx.x + 1]) so that the host can take the grid's span without the launch;
+// a read's xor goes to sink.
+__device__ __forceinline__ void probe_move(uint4* buf, u64 nvec, int write, int flavor, unsigned block,
+                                           unsigned blocks, u64* times, uint4* sink) {
     __syncthreads();
     const u64 t0 = probe_now();
-    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 stride = (u64)blocks * blockDim.x;
     uint4 acc = make_uint4(0, 0, 0, 0);
     if (write) {
-        const uint4 w = make_uint4(threadIdx.x, blockIdx.x, 1, 2);
-        for (u64 v = (u64)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += stride)
+        const uint4 w = make_uint4(threadIdx.x, block, 1, 2);
+        for (u64 v = (u64)block * blockDim.x + threadIdx.x; v < nvec; v += stride)
             asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};"
                          :: "l"(buf + v), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w) : "memory");
         __threadfence_system();
     } else {
-        for (u64 v = (u64)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += stride) {
+        for (u64 v = (u64)block * blockDim.x + threadIdx.x; v < nvec; v += stride) {
             const uint4 x = probe_ld4_as(buf + v, flavor);
             acc.x ^= x.x; acc.y ^= x.y; acc.z ^= x.z; acc.w ^= x.w;
         }
@@ -84,6 +86,21 @@ extern "C" __global__ void host_probe_move(uint4* buf, u64 nvec, int write, u64*
         times[2 * blockIdx.x + 1] = probe_now();
     }
     if (acc.x == 0x9e3779b9u) sink[0] = acc;
+}
+
+// The whole grid moves `buf` (probe_move).
+extern "C" __global__ void host_probe_move(uint4* buf, u64 nvec, int write, u64* times, uint4* sink, int flavor) {
+    probe_move(buf, nvec, write, flavor, blockIdx.x, gridDim.x, times, sink);
+}
+
+// Two ranks of one GPU at once, as the two ranks of an all-reduce on one GPU share its link:
+// the first half of the grid moves `buf_a` (write_a), the second half `buf_b` (write_b),
+// each half as host_probe_move would with its blocks alone.
+extern "C" __global__ void host_probe_move_pair(uint4* buf_a, uint4* buf_b, u64 nvec, int write_a, int write_b,
+                                                u64* times, uint4* sink, int flavor) {
+    const unsigned half = gridDim.x / 2, second = blockIdx.x >= half;
+    probe_move(second ? buf_b : buf_a, nvec, second ? write_b : write_a, flavor, blockIdx.x - second * half, half,
+               times, sink);
 }
 
 // A flag bounced between two kernels (two GPUs, or two streams of one) through host memory,

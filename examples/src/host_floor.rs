@@ -87,22 +87,36 @@ pub fn table(inputs: &Inputs<'_>) -> String {
         f.host_load_ns, f.flag_ns, f.fence_ns
     );
     for m in &f.moves {
-        let _ = writeln!(
+        let _ = write!(
             s,
             "  {} B: read {:.2} us, write {:.2} us",
             m.bytes, m.read_us, m.write_us
         );
+        if m.pair_read_us > 0.0 {
+            let _ = write!(
+                s,
+                "; two at once: read {:.2} us, write {:.2} us",
+                m.pair_read_us, m.pair_write_us
+            );
+        }
+        s.push('\n');
     }
     let _ = writeln!(
         s,
         "floor = write + flag + read from {} B (data, fence, flag, read); below, the data is \
-         its own flag: flag + the read beyond its first load",
+         its own flag: flag + the read beyond its first load. \"link shared\": the same with \
+         two messages moved at once, the floor of two ranks on one GPU",
         inputs.flagged_from
     );
     let _ = writeln!(s);
+    let shared = f.one_shot_shared(0, inputs.flagged_from).is_some();
     let mut head =
         String::from("| size | ours, graph | floor | write + flag + read | ours / floor |");
     let mut rule = String::from("|---:|---:|---:|---|---:|");
+    if shared {
+        head.push_str(" floor, link shared | write + flag + read | ours / shared |");
+        rule.push_str("---:|---|---:|");
+    }
     if !inputs.eager.is_empty() {
         head.push_str(" ours, eager | eager - graph |");
         rule.push_str("---:|---:|");
@@ -127,6 +141,17 @@ pub fn table(inputs: &Inputs<'_>) -> String {
             terms.read_us,
             ours / floor
         );
+        if let Some(t) = f.one_shot_shared(bytes as usize, inputs.flagged_from) {
+            let _ = write!(
+                s,
+                " {:.2} | {:.2} + {:.2} + {:.2} | {:.2} |",
+                t.total(),
+                t.write_us,
+                t.flag_us,
+                t.read_us,
+                ours / t.total()
+            );
+        }
         let cell = |m: &Medians| m.get(&bytes).copied();
         for eager in [inputs.eager, inputs.back_to_back] {
             if eager.is_empty() {
@@ -189,9 +214,10 @@ mod tests {
         assert_eq!(medians(&runs, "nccl")[&8], 1.0);
     }
 
-    #[test]
-    fn the_table_sets_ours_beside_the_floor_and_nccl() {
-        let floors = Floors {
+    /// One load 1 us, a flag 2 us, a fence 1 us; 40 kB read in 3 us and written in 2 (by
+    /// two grids at once: `pair_read_us`, `pair_write_us`; 0: not probed).
+    fn floors_of_40k(pair_read_us: f64, pair_write_us: f64) -> Floors {
+        Floors {
             host_load_ns: 1000.0,
             flag_ns: 2000.0,
             fence_ns: 1000.0,
@@ -199,8 +225,15 @@ mod tests {
                 bytes: 40_000,
                 read_us: 3.0,
                 write_us: 2.0,
+                pair_read_us,
+                pair_write_us,
             }],
-        };
+        }
+    }
+
+    #[test]
+    fn the_table_sets_ours_beside_the_floor_and_nccl() {
+        let floors = floors_of_40k(0.0, 0.0);
         let graph: Medians = [(8, 5.0), (40_000, 10.5)].into();
         let eager: Medians = [(8, 8.0)].into();
         let back_to_back: Medians = [(8, 6.0), (40_000, 11.0)].into();
@@ -228,7 +261,31 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("40000 B: read 3.00 us, write 2.00 us"),
+            text.contains("40000 B: read 3.00 us, write 2.00 us\n"),
+            "{text}"
+        );
+        assert!(!text.contains("link shared |"), "{text}");
+    }
+
+    #[test]
+    fn with_pairs_probed_the_table_adds_the_shared_floor() {
+        let floors = floors_of_40k(4.0, 3.5);
+        let graph: Medians = [(40_000, 10.5)].into();
+        let none = Medians::new();
+        let text = table(&Inputs {
+            floors: &floors,
+            flagged_from: 16_384,
+            graph: &graph,
+            eager: &none,
+            back_to_back: &none,
+            nccl: &none,
+        });
+        assert!(
+            text.contains("| 40000 | 10.50 | 7.00 | 2.00 + 2.00 + 3.00 | 1.50 | 9.50 | 3.50 + 2.00 + 4.00 | 1.11 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("two at once: read 4.00 us, write 3.50 us"),
             "{text}"
         );
     }

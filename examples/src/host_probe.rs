@@ -8,7 +8,9 @@
 //! - **move**: a grid of `blocks` x 512 threads reads, or writes, a message of host memory
 //!   in 16-byte vectors, as a one-shot all-reduce reads its peers' data: the span from the
 //!   first block's start to the last block's end, median over fresh parts of a buffer
-//!   larger than L2 (nothing is read twice);
+//!   larger than L2 (nothing is read twice); and two such grids in one launch, a message
+//!   each, both reading, both writing, or one writing while the other reads, as the two
+//!   ranks of an all-reduce on one GPU share its one link;
 //! - **ping-pong**: a flag bounced through host memory between two GPUs, or with one GPU
 //!   between two kernels on two streams of it; half a round is what a write takes to be seen
 //!   by the other side, the least any exchange through host memory can cost. It runs in
@@ -200,6 +202,7 @@ struct Gpu {
     memory: DeviceMemory,
     chase: CudaFunction,
     moves: CudaFunction,
+    move_pair: CudaFunction,
     pingpong: CudaFunction,
     load_after_writes: CudaFunction,
     burst: CudaFunction,
@@ -213,6 +216,7 @@ impl Gpu {
         Ok(Gpu {
             chase: cache.function(ctx, &HOST_PROBE, "host_probe_chase")?,
             moves: cache.function(ctx, &HOST_PROBE, "host_probe_move")?,
+            move_pair: cache.function(ctx, &HOST_PROBE, "host_probe_move_pair")?,
             pingpong: cache.function(ctx, &HOST_PROBE, "host_probe_pingpong")?,
             load_after_writes: cache.function(ctx, &HOST_PROBE, "host_probe_load_after_writes")?,
             burst: cache.function(ctx, &HOST_PROBE, "host_probe_burst")?,
@@ -294,6 +298,14 @@ pub struct Move {
     pub read_cv_us: f64,
     /// Median span of a write, us.
     pub write_us: f64,
+    /// Median span of two such grids at once (`host_probe_move_pair`), each reading a
+    /// message of its own, as the two ranks of an all-reduce on one GPU read over its one
+    /// link, us.
+    pub pair_read_us: f64,
+    /// The same, both grids writing, us.
+    pub pair_write_us: f64,
+    /// The same, one grid writing while the other reads (is the link full duplex?), us.
+    pub duplex_us: f64,
 }
 
 /// What `measure` found.
@@ -402,18 +414,15 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
             )));
         }
         for &blocks in grids {
-            let blocks = blocks.clamp(1, 1024);
+            let blocks = blocks.clamp(1, 512);
             let mut spans = [Vec::new(), Vec::new(), Vec::new()];
+            let mut pair_spans = [Vec::new(), Vec::new(), Vec::new()];
             for _ in 0..reps {
                 // read (volatile), write, read (.cv)
                 for (kind, span) in spans.iter_mut().enumerate() {
                     let (write, mut flavor) =
                         (kind == 1, if kind == 2 { LOAD_CV } else { LOAD_VOLATILE });
-                    if cursor + bytes > WALK_BYTES {
-                        cursor = 0;
-                    }
-                    let mut buf = walk_dev + cursor as u64;
-                    cursor += bytes.next_multiple_of(4096);
+                    let mut buf = fresh_part(&mut cursor, walk_dev, bytes);
                     let mut nvec = (bytes / 16) as u64;
                     let mut write = i32::from(write);
                     let (mut out, mut sink_ptr) = (times_dev, sink_dev);
@@ -423,18 +432,37 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
                     // flavor): buf holds nvec vectors of the walk, times 2 * blocks words, sink one.
                     unsafe { gpu.launch(&gpu.moves, blocks, THREADS, &mut params)? };
                     gpu.memory.synchronize()?;
-                    let first = (0..blocks as usize).map(|b| times.word(2 * b)).min();
-                    let last = (0..blocks as usize).map(|b| times.word(2 * b + 1)).max();
-                    span.push(last.unwrap_or(0).saturating_sub(first.unwrap_or(0)) as f64 / 1e3);
+                    span.push(grid_span(&times, blocks as usize));
+                }
+                // both read, both write, one writes while the other reads
+                for (kind, span) in pair_spans.iter_mut().enumerate() {
+                    let (mut write_a, mut write_b) = [(0i32, 0i32), (1, 1), (1, 0)][kind];
+                    let mut buf_a = fresh_part(&mut cursor, walk_dev, bytes);
+                    let mut buf_b = fresh_part(&mut cursor, walk_dev, bytes);
+                    let (mut nvec, mut flavor) = ((bytes / 16) as u64, LOAD_VOLATILE);
+                    let (mut out, mut sink_ptr) = (times_dev, sink_dev);
+                    let mut params = comm_core::kernel_params![
+                        buf_a, buf_b, nvec, write_a, write_b, out, sink_ptr, flavor
+                    ];
+                    // SAFETY: (uint4* buf_a, uint4* buf_b, u64 nvec, int write_a, int
+                    // write_b, u64* times, uint4* sink, int flavor): each buffer holds nvec
+                    // vectors of the walk, times 2 x 2 x blocks words (blocks <= 512), sink one.
+                    unsafe { gpu.launch(&gpu.move_pair, 2 * blocks, THREADS, &mut params)? };
+                    gpu.memory.synchronize()?;
+                    span.push(grid_span(&times, 2 * blocks as usize));
                 }
             }
             let [read, write, read_cv] = spans.map(median);
+            let [pair_read, pair_write, duplex] = pair_spans.map(median);
             moves.push(Move {
                 bytes,
                 blocks,
                 read_us: read,
                 read_cv_us: read_cv,
                 write_us: write,
+                pair_read_us: pair_read,
+                pair_write_us: pair_write,
+                duplex_us: duplex,
             });
         }
     }
@@ -470,6 +498,25 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
         after_writes,
         bursts,
     })
+}
+
+/// The device address of the next `bytes` of the walk (from `cursor`, on a page of their
+/// own, wrapping at its end), so that no probe finds its lines cached.
+fn fresh_part(cursor: &mut usize, walk_dev: u64, bytes: usize) -> u64 {
+    if *cursor + bytes > WALK_BYTES {
+        *cursor = 0;
+    }
+    let at = walk_dev + *cursor as u64;
+    *cursor += bytes.next_multiple_of(4096);
+    at
+}
+
+/// The span (us) from the first block's start to the last block's end, as `blocks` blocks
+/// recorded them in `times` (start, end per block, ns).
+fn grid_span(times: &Pinned, blocks: usize) -> f64 {
+    let first = (0..blocks).map(|b| times.word(2 * b)).min();
+    let last = (0..blocks).map(|b| times.word(2 * b + 1)).max();
+    last.unwrap_or(0).saturating_sub(first.unwrap_or(0)) as f64 / 1e3
 }
 
 /// Every [`Burst`] of every load kind, `reps` times each, on fresh pages of `walk` (from
@@ -657,6 +704,13 @@ pub struct FloorMove {
     pub read_us: f64,
     /// Fastest write (ended by a system fence) over the grids, us.
     pub write_us: f64,
+    /// Fastest read by two grids at once, a message each (both ranks of one GPU), us; 0
+    /// where not measured.
+    #[serde(default)]
+    pub pair_read_us: f64,
+    /// Fastest fenced write by two grids at once, a message each, us; 0 where not measured.
+    #[serde(default)]
+    pub pair_write_us: f64,
 }
 
 /// The floor of one all-reduce of a size, in the pieces it adds up from (us).
@@ -714,6 +768,8 @@ impl Floors {
                 bytes,
                 read_us: best(bytes, |m| m.read_us.min(m.read_cv_us)),
                 write_us: best(bytes, |m| m.write_us),
+                pair_read_us: best(bytes, |m| m.pair_read_us),
+                pair_write_us: best(bytes, |m| m.pair_write_us),
             })
             .collect();
         Ok(Floors {
@@ -729,13 +785,35 @@ impl Floors {
     /// flag's trip, then whatever of the read one load does not cover); from there the
     /// data, a fence, a flag, then the read. Reads and writes of sizes between the probed
     /// ones are interpolated linearly (from one load and one fence at 0 bytes), beyond the
-    /// largest extended along its last segment.
+    /// largest extended along its last segment. The reads and writes are one grid's alone:
+    /// the floor of ranks on GPUs of their own.
     pub fn one_shot(&self, bytes: usize, flagged_from: usize) -> FloorTerms {
+        self.terms(bytes, flagged_from, |m| (m.read_us, m.write_us))
+    }
+
+    /// [`one_shot`](Self::one_shot) with the reads and writes of two grids at once: the
+    /// floor of two ranks on one GPU, whose bytes share its one link. `None` where the probe
+    /// did not measure pairs.
+    pub fn one_shot_shared(&self, bytes: usize, flagged_from: usize) -> Option<FloorTerms> {
+        let measured = self
+            .moves
+            .iter()
+            .all(|m| m.pair_read_us > 0.0 && m.pair_write_us > 0.0);
+        (measured && !self.moves.is_empty())
+            .then(|| self.terms(bytes, flagged_from, |m| (m.pair_read_us, m.pair_write_us)))
+    }
+
+    fn terms(
+        &self,
+        bytes: usize,
+        flagged_from: usize,
+        read_write: impl Fn(&FloorMove) -> (f64, f64),
+    ) -> FloorTerms {
         let load_us = self.host_load_ns / 1e3;
         let read = interpolate(
             bytes,
             load_us,
-            self.moves.iter().map(|m| (m.bytes, m.read_us)),
+            self.moves.iter().map(|m| (m.bytes, read_write(m).0)),
         );
         let flag_us = self.flag_ns / 1e3;
         if bytes < flagged_from {
@@ -748,7 +826,7 @@ impl Floors {
         let write = interpolate(
             bytes,
             self.fence_ns / 1e3,
-            self.moves.iter().map(|m| (m.bytes, m.write_us)),
+            self.moves.iter().map(|m| (m.bytes, read_write(m).1)),
         );
         FloorTerms {
             write_us: write,
@@ -797,11 +875,15 @@ mod tests {
                     bytes: 40_000,
                     read_us: 3.0,
                     write_us: 2.0,
+                    pair_read_us: 4.0,
+                    pair_write_us: 3.0,
                 },
                 FloorMove {
                     bytes: 1_000_000,
                     read_us: 21.0,
                     write_us: 20.0,
+                    pair_read_us: 41.0,
+                    pair_write_us: 39.0,
                 },
             ],
         }
@@ -821,6 +903,21 @@ mod tests {
         let beyond = f.one_shot(1_960_000, 16_384);
         assert!((beyond.read_us - 39.0).abs() < 1e-9, "{beyond:?}");
         assert!((beyond.write_us - 38.0).abs() < 1e-9, "{beyond:?}");
+    }
+
+    #[test]
+    fn the_shared_floor_takes_the_pairs_and_needs_them() {
+        let mut f = floors();
+        let shared = f.one_shot_shared(40_000, 16_384).unwrap();
+        let near = |x: f64, y: f64| (x - y).abs() < 1e-9;
+        assert!(
+            near(shared.write_us, 3.0) && near(shared.flag_us, 2.0) && near(shared.read_us, 4.0),
+            "{shared:?}"
+        );
+        let half = f.one_shot_shared(520_000, 16_384).unwrap();
+        assert!((half.read_us - 22.5).abs() < 1e-9, "{half:?}");
+        f.moves[1].pair_read_us = 0.0;
+        assert_eq!(f.one_shot_shared(40_000, 16_384), None);
     }
 
     #[test]
@@ -852,6 +949,9 @@ mod tests {
                     read_us: 5.0,
                     read_cv_us: 4.9,
                     write_us: 1.9,
+                    pair_read_us: 6.0,
+                    pair_write_us: 2.9,
+                    duplex_us: 5.0,
                 },
                 Move {
                     bytes: 43008,
@@ -859,6 +959,9 @@ mod tests {
                     read_us: 2.6,
                     read_cv_us: 2.7,
                     write_us: 2.0,
+                    pair_read_us: 3.5,
+                    pair_write_us: 3.1,
+                    duplex_us: 3.3,
                 },
             ],
             pingpongs: vec![
@@ -880,6 +983,10 @@ mod tests {
         assert_eq!(f.fence_ns, 990.0);
         assert_eq!(f.moves.len(), 1);
         assert_eq!((f.moves[0].read_us, f.moves[0].write_us), (2.6, 1.9));
+        assert_eq!(
+            (f.moves[0].pair_read_us, f.moves[0].pair_write_us),
+            (3.5, 2.9)
+        );
         let no_flag = Report {
             pingpongs: vec![pingpong(Err(Error::InvalidArgument("lost".into())))],
             ..report

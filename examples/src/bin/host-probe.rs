@@ -147,20 +147,36 @@ fn main() -> ExitCode {
         println!();
     }
     println!(
-        "{:>10} {:>7} {:>10} {:>12} {:>10} {:>11} {:>11}",
-        "bytes", "blocks", "read us", "read .cv us", "write us", "read GB/s", "write GB/s"
+        "reads and writes of a message by one grid, and by two grids at once (a message each, \
+         as two ranks of one GPU share its link; duplex: one writes while the other reads), us:"
+    );
+    println!(
+        "{:>10} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "bytes",
+        "blocks",
+        "read",
+        "read .cv",
+        "write",
+        "read GB/s",
+        "write GB/s",
+        "2 read",
+        "2 write",
+        "duplex"
     );
     for m in report.moves {
         let gbs = |us: f64| m.bytes as f64 / us / 1e3;
         println!(
-            "{:>10} {:>7} {:>10.2} {:>12.2} {:>10.2} {:>11.1} {:>11.1}",
+            "{:>10} {:>7} {:>9.2} {:>9.2} {:>9.2} {:>9.1} {:>9.1} {:>9.2} {:>9.2} {:>9.2}",
             m.bytes,
             m.blocks,
             m.read_us,
             m.read_cv_us,
             m.write_us,
             gbs(m.read_us.min(m.read_cv_us)),
-            gbs(m.write_us)
+            gbs(m.write_us),
+            m.pair_read_us,
+            m.pair_write_us,
+            m.duplex_us
         );
     }
     ExitCode::SUCCESS
