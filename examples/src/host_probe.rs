@@ -729,6 +729,13 @@ impl FloorTerms {
     pub fn total(&self) -> f64 {
         self.write_us + self.flag_us + self.read_us
     }
+
+    /// The least any protocol that overlaps the writes with the reads (streaming chunks,
+    /// the link carrying both directions at once) could take: the flag's trip and the
+    /// longer of the two.
+    pub fn overlapped(&self) -> f64 {
+        self.flag_us + self.write_us.max(self.read_us)
+    }
 }
 
 impl Floors {
@@ -916,6 +923,7 @@ mod tests {
         );
         let half = f.one_shot_shared(520_000, 16_384).unwrap();
         assert!((half.read_us - 22.5).abs() < 1e-9, "{half:?}");
+        assert!((shared.overlapped() - 6.0).abs() < 1e-9, "{shared:?}");
         f.moves[1].pair_read_us = 0.0;
         assert_eq!(f.one_shot_shared(40_000, 16_384), None);
     }
