@@ -111,7 +111,7 @@ pub fn table(inputs: &Inputs<'_>) -> String {
         inputs.flagged_from
     );
     let _ = writeln!(s);
-    let shared = f.one_shot_shared(0, inputs.flagged_from).is_some();
+    let shared = f.pairs_probed();
     let mut head =
         String::from("| size | ours, graph | floor | write + flag + read | ours / floor |");
     let mut rule = String::from("|---:|---:|---:|---|---:|");

@@ -532,12 +532,7 @@ fn bursts(gpu: &Gpu, walk: &Pinned, cursor: &mut usize, reps: usize) -> Result<V
         for loads in BURST_LOADS {
             let mut spans = Vec::new();
             for _ in 0..reps {
-                let span = loads as usize * pitch_bytes;
-                if *cursor + span > WALK_BYTES {
-                    *cursor = 0;
-                }
-                let mut buf = walk_dev + *cursor as u64;
-                *cursor += span.next_multiple_of(4096);
+                let mut buf = fresh_part(cursor, walk_dev, loads as usize * pitch_bytes);
                 let (mut k, mut pitch, mut flavor) =
                     (loads, (pitch_bytes / 16) as u64, kind as i32);
                 let (mut t, mut s) = (times.device(ctx)?, sink.buffer().device_ptr());
@@ -802,12 +797,17 @@ impl Floors {
     /// floor of two ranks on one GPU, whose bytes share its one link. `None` where the probe
     /// did not measure pairs.
     pub fn one_shot_shared(&self, bytes: usize, flagged_from: usize) -> Option<FloorTerms> {
-        let measured = self
-            .moves
-            .iter()
-            .all(|m| m.pair_read_us > 0.0 && m.pair_write_us > 0.0);
-        (measured && !self.moves.is_empty())
+        self.pairs_probed()
             .then(|| self.terms(bytes, flagged_from, |m| (m.pair_read_us, m.pair_write_us)))
+    }
+
+    /// Whether the probe moved two messages at once at every size.
+    pub fn pairs_probed(&self) -> bool {
+        !self.moves.is_empty()
+            && self
+                .moves
+                .iter()
+                .all(|m| m.pair_read_us > 0.0 && m.pair_write_us > 0.0)
     }
 
     fn terms(
