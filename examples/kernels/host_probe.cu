@@ -93,14 +93,14 @@ extern "C" __global__ void host_probe_move(uint4* buf, u64 nvec, int write, u64*
     probe_move(buf, nvec, write, flavor, blockIdx.x, gridDim.x, times, sink);
 }
 
-// Two ranks of one GPU at once, as the two ranks of an all-reduce on one GPU share its link:
-// the first half of the grid moves `buf_a` (write_a), the second half `buf_b` (write_b),
-// each half as host_probe_move would with its blocks alone.
+// Two moves at once, as the two ranks of an all-reduce on one GPU share its link: the first
+// `first_blocks` blocks of the grid move `buf_a` (write_a), the others `buf_b` (write_b),
+// each part as host_probe_move would with its blocks alone.
 extern "C" __global__ void host_probe_move_pair(uint4* buf_a, uint4* buf_b, u64 nvec, int write_a, int write_b,
-                                                u64* times, uint4* sink, int flavor) {
-    const unsigned half = gridDim.x / 2, second = blockIdx.x >= half;
-    probe_move(second ? buf_b : buf_a, nvec, second ? write_b : write_a, flavor, blockIdx.x - second * half, half,
-               times, sink);
+                                                u64* times, uint4* sink, int flavor, unsigned first_blocks) {
+    const unsigned second = blockIdx.x >= first_blocks;
+    probe_move(second ? buf_b : buf_a, nvec, second ? write_b : write_a, flavor, blockIdx.x - second * first_blocks,
+               second ? gridDim.x - first_blocks : first_blocks, times, sink);
 }
 
 // A flag bounced between two kernels (two GPUs, or two streams of one) through host memory,

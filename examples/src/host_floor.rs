@@ -99,6 +99,13 @@ pub fn table(inputs: &Inputs<'_>) -> String {
                 m.pair_read_us, m.pair_write_us
             );
         }
+        if m.both_ways_us > 0.0 {
+            let _ = write!(
+                s,
+                "; two written while two are read: {:.2} us",
+                m.both_ways_us
+            );
+        }
         s.push('\n');
     }
     let _ = writeln!(
@@ -107,11 +114,13 @@ pub fn table(inputs: &Inputs<'_>) -> String {
          its own flag: flag + the read beyond its first load. \"link shared\": the same with \
          two messages moved at once, the floor of two ranks on one GPU; \"overlapped\": \
          flag + the longer of that write and read, the least a protocol that reads while it \
-         writes (streamed chunks) could take",
+         writes (streamed chunks) could take if the link's two directions did not slow each \
+         other; \"both ways\": flag + both ranks' writes and reads moved at once, as measured",
         inputs.flagged_from
     );
     let _ = writeln!(s);
     let shared = f.pairs_probed();
+    let both_ways = f.both_ways_probed();
     let mut head =
         String::from("| size | ours, graph | floor | write + flag + read | ours / floor |");
     let mut rule = String::from("|---:|---:|---:|---|---:|");
@@ -121,6 +130,10 @@ pub fn table(inputs: &Inputs<'_>) -> String {
              overlapped |",
         );
         rule.push_str("---:|---|---:|---:|---:|");
+    }
+    if both_ways {
+        head.push_str(" both ways | ours / both ways |");
+        rule.push_str("---:|---:|");
     }
     if !inputs.eager.is_empty() {
         head.push_str(" ours, eager | eager - graph |");
@@ -158,6 +171,9 @@ pub fn table(inputs: &Inputs<'_>) -> String {
                 t.overlapped(),
                 ours / t.overlapped()
             );
+        }
+        if let Some(b) = f.both_ways(bytes as usize) {
+            let _ = write!(s, " {b:.2} | {:.2} |", ours / b);
         }
         let cell = |m: &Medians| m.get(&bytes).copied();
         for eager in [inputs.eager, inputs.back_to_back] {
@@ -222,8 +238,9 @@ mod tests {
     }
 
     /// One load 1 us, a flag 2 us, a fence 1 us; 40 kB read in 3 us and written in 2 (by
-    /// two grids at once: `pair_read_us`, `pair_write_us`; 0: not probed).
-    fn floors_of_40k(pair_read_us: f64, pair_write_us: f64) -> Floors {
+    /// two grids at once: `pair_read_us`, `pair_write_us`; both ranks' writes and reads at
+    /// once: `both_ways_us`; 0: not probed).
+    fn floors_of_40k(pair_read_us: f64, pair_write_us: f64, both_ways_us: f64) -> Floors {
         Floors {
             host_load_ns: 1000.0,
             flag_ns: 2000.0,
@@ -234,13 +251,14 @@ mod tests {
                 write_us: 2.0,
                 pair_read_us,
                 pair_write_us,
+                both_ways_us,
             }],
         }
     }
 
     #[test]
     fn the_table_sets_ours_beside_the_floor_and_nccl() {
-        let floors = floors_of_40k(0.0, 0.0);
+        let floors = floors_of_40k(0.0, 0.0, 0.0);
         let graph: Medians = [(8, 5.0), (40_000, 10.5)].into();
         let eager: Medians = [(8, 8.0)].into();
         let back_to_back: Medians = [(8, 6.0), (40_000, 11.0)].into();
@@ -276,7 +294,7 @@ mod tests {
 
     #[test]
     fn with_pairs_probed_the_table_adds_the_shared_floor() {
-        let floors = floors_of_40k(4.0, 3.5);
+        let floors = floors_of_40k(4.0, 3.5, 0.0);
         let graph: Medians = [(40_000, 10.5)].into();
         let none = Medians::new();
         let text = table(&Inputs {
@@ -296,6 +314,29 @@ mod tests {
         );
         assert!(
             text.contains("two at once: read 4.00 us, write 3.50 us"),
+            "{text}"
+        );
+        assert!(!text.contains("| both ways |"), "{text}");
+    }
+
+    #[test]
+    fn with_both_ways_probed_the_table_adds_that_bound() {
+        let floors = floors_of_40k(4.0, 3.5, 5.0);
+        let graph: Medians = [(40_000, 10.5)].into();
+        let none = Medians::new();
+        let text = table(&Inputs {
+            floors: &floors,
+            flagged_from: 16_384,
+            graph: &graph,
+            eager: &none,
+            back_to_back: &none,
+            nccl: &none,
+        });
+        // Flag 2 + 5 both ways = 7; 10.5 / 7 = 1.5.
+        assert!(text.contains("| 6.00 | 1.75 | 7.00 | 1.50 |"), "{text}");
+        assert!(text.contains("| ours / both ways |"), "{text}");
+        assert!(
+            text.contains("two written while two are read: 5.00 us"),
             "{text}"
         );
     }

@@ -10,7 +10,9 @@
 //!   first block's start to the last block's end, median over fresh parts of a buffer
 //!   larger than L2 (nothing is read twice); and two such grids in one launch, a message
 //!   each, both reading, both writing, or one writing while the other reads, as the two
-//!   ranks of an all-reduce on one GPU share its one link;
+//!   ranks of an all-reduce on one GPU share its one link; and both ranks' traffic of a
+//!   protocol that reads while it writes (two messages written while two are read, the
+//!   fastest of three splits of the grid);
 //! - **ping-pong**: a flag bounced through host memory between two GPUs, or with one GPU
 //!   between two kernels on two streams of it; half a round is what a write takes to be seen
 //!   by the other side, the least any exchange through host memory can cost. It runs in
@@ -306,6 +308,12 @@ pub struct Move {
     pub pair_write_us: f64,
     /// The same, one grid writing while the other reads (is the link full duplex?), us.
     pub duplex_us: f64,
+    /// Both ranks' traffic at once: part of a grid of twice the blocks writes two messages'
+    /// bytes while the rest reads two messages' bytes, as the link of one GPU carries an
+    /// all-reduce of two ranks that reads while it writes; the fastest split, us.
+    pub both_ways_us: f64,
+    /// The writing blocks of that fastest split (of `4 * blocks`).
+    pub both_ways_writers: u32,
 }
 
 /// What `measure` found.
@@ -381,7 +389,8 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
     let gpus = device_count()?;
     let gpu = Gpu::new(ordinal % gpus)?;
     let ctx = gpu.ctx().clone();
-    let times = Pinned::new(&ctx, 8 * 2 * 1024)?;
+    // Start and end of every block of the largest launch (4 x 512 blocks).
+    let times = Pinned::new(&ctx, 8 * 2 * 2048)?;
     // Chase through host memory, then through device memory.
     let host_chain = Pinned::new(&ctx, CHAIN_LINKS * CHAIN_STRIDE_WORDS * 8)?;
     let links = chain_links();
@@ -417,6 +426,7 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
             let blocks = blocks.clamp(1, 512);
             let mut spans = [Vec::new(), Vec::new(), Vec::new()];
             let mut pair_spans = [Vec::new(), Vec::new(), Vec::new()];
+            let mut both_ways_spans: [Vec<f64>; BOTH_WAYS_SPLITS] = Default::default();
             for _ in 0..reps {
                 // read (volatile), write, read (.cv)
                 for (kind, span) in spans.iter_mut().enumerate() {
@@ -441,19 +451,60 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
                     let mut buf_b = fresh_part(&mut cursor, walk_dev, bytes);
                     let (mut nvec, mut flavor) = ((bytes / 16) as u64, LOAD_VOLATILE);
                     let (mut out, mut sink_ptr) = (times_dev, sink_dev);
+                    let mut first_blocks = blocks;
                     let mut params = comm_core::kernel_params![
-                        buf_a, buf_b, nvec, write_a, write_b, out, sink_ptr, flavor
+                        buf_a,
+                        buf_b,
+                        nvec,
+                        write_a,
+                        write_b,
+                        out,
+                        sink_ptr,
+                        flavor,
+                        first_blocks
                     ];
                     // SAFETY: (uint4* buf_a, uint4* buf_b, u64 nvec, int write_a, int
-                    // write_b, u64* times, uint4* sink, int flavor): each buffer holds nvec
-                    // vectors of the walk, times 2 x 2 x blocks words (blocks <= 512), sink one.
+                    // write_b, u64* times, uint4* sink, int flavor, unsigned first_blocks):
+                    // each buffer holds nvec vectors of the walk, times 2 x 2 x blocks words
+                    // (blocks <= 512), sink one; the first `blocks` blocks move buf_a.
                     unsafe { gpu.launch(&gpu.move_pair, 2 * blocks, THREADS, &mut params)? };
                     gpu.memory.synchronize()?;
                     span.push(grid_span(&times, 2 * blocks as usize));
                 }
+                for (split, span) in both_ways_spans.iter_mut().enumerate() {
+                    let mut buf_a = fresh_part(&mut cursor, walk_dev, 2 * bytes);
+                    let mut buf_b = fresh_part(&mut cursor, walk_dev, 2 * bytes);
+                    let (mut write_a, mut write_b) = (1i32, 0i32);
+                    let (mut nvec, mut flavor) = ((2 * bytes / 16) as u64, LOAD_VOLATILE);
+                    let (mut out, mut sink_ptr) = (times_dev, sink_dev);
+                    let mut first_blocks = both_ways_writers(blocks, split);
+                    let mut params = comm_core::kernel_params![
+                        buf_a,
+                        buf_b,
+                        nvec,
+                        write_a,
+                        write_b,
+                        out,
+                        sink_ptr,
+                        flavor,
+                        first_blocks
+                    ];
+                    // SAFETY: as above, with buffers of 2 * nvec vectors and 4 * blocks
+                    // blocks (<= 2048: times holds 2 words of each), the first
+                    // `first_blocks` of them writing.
+                    unsafe { gpu.launch(&gpu.move_pair, 4 * blocks, THREADS, &mut params)? };
+                    gpu.memory.synchronize()?;
+                    span.push(grid_span(&times, 4 * blocks as usize));
+                }
             }
             let [read, write, read_cv] = spans.map(median);
             let [pair_read, pair_write, duplex] = pair_spans.map(median);
+            let (both_ways_split, both_ways) = both_ways_spans
+                .map(median)
+                .into_iter()
+                .enumerate()
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .unwrap_or((0, f64::NAN));
             moves.push(Move {
                 bytes,
                 blocks,
@@ -463,6 +514,8 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
                 pair_read_us: pair_read,
                 pair_write_us: pair_write,
                 duplex_us: duplex,
+                both_ways_us: both_ways,
+                both_ways_writers: both_ways_writers(blocks, both_ways_split),
             });
         }
     }
@@ -502,6 +555,14 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
 
 /// The device address of the next `bytes` of the walk (from `cursor`, on a page of their
 /// own, wrapping at its end), so that no probe finds its lines cached.
+/// Splits of the both-ways probe: a quarter, half or three quarters of the grid write.
+const BOTH_WAYS_SPLITS: usize = 3;
+
+/// The writing blocks of split `split` of the both-ways probe's `4 * blocks`.
+fn both_ways_writers(blocks: u32, split: usize) -> u32 {
+    blocks * (split as u32 + 1)
+}
+
 fn fresh_part(cursor: &mut usize, walk_dev: u64, bytes: usize) -> u64 {
     if *cursor + bytes > WALK_BYTES {
         *cursor = 0;
@@ -706,6 +767,10 @@ pub struct FloorMove {
     /// Fastest fenced write by two grids at once, a message each, us; 0 where not measured.
     #[serde(default)]
     pub pair_write_us: f64,
+    /// Fastest write of two messages while two are read (both ranks of one GPU, reading
+    /// while they write), us; 0 where not measured.
+    #[serde(default)]
+    pub both_ways_us: f64,
 }
 
 /// The floor of one all-reduce of a size, in the pieces it adds up from (us).
@@ -772,6 +837,7 @@ impl Floors {
                 write_us: best(bytes, |m| m.write_us),
                 pair_read_us: best(bytes, |m| m.pair_read_us),
                 pair_write_us: best(bytes, |m| m.pair_write_us),
+                both_ways_us: best(bytes, |m| m.both_ways_us),
             })
             .collect();
         Ok(Floors {
@@ -799,6 +865,26 @@ impl Floors {
     pub fn one_shot_shared(&self, bytes: usize, flagged_from: usize) -> Option<FloorTerms> {
         self.pairs_probed()
             .then(|| self.terms(bytes, flagged_from, |m| (m.pair_read_us, m.pair_write_us)))
+    }
+
+    /// The least any protocol could take with both ranks of one GPU reading while they
+    /// write: a flag's trip and the link carrying both ranks' writes and reads at once, as
+    /// measured (where [`FloorTerms::overlapped`] assumes the two directions do not slow
+    /// each other). `None` where the probe did not measure it.
+    pub fn both_ways(&self, bytes: usize) -> Option<f64> {
+        self.both_ways_probed().then(|| {
+            let moved = interpolate(
+                bytes,
+                self.host_load_ns / 1e3,
+                self.moves.iter().map(|m| (m.bytes, m.both_ways_us)),
+            );
+            self.flag_ns / 1e3 + moved
+        })
+    }
+
+    /// Whether the probe moved both ranks' traffic at once at every size.
+    pub fn both_ways_probed(&self) -> bool {
+        !self.moves.is_empty() && self.moves.iter().all(|m| m.both_ways_us > 0.0)
     }
 
     /// Whether the probe moved two messages at once at every size.
@@ -884,6 +970,7 @@ mod tests {
                     write_us: 2.0,
                     pair_read_us: 4.0,
                     pair_write_us: 3.0,
+                    both_ways_us: 5.0,
                 },
                 FloorMove {
                     bytes: 1_000_000,
@@ -891,6 +978,7 @@ mod tests {
                     write_us: 20.0,
                     pair_read_us: 41.0,
                     pair_write_us: 39.0,
+                    both_ways_us: 61.0,
                 },
             ],
         }
@@ -929,6 +1017,24 @@ mod tests {
     }
 
     #[test]
+    fn both_ways_is_the_flag_and_the_measured_traffic() {
+        let mut f = floors();
+        let near = |x: Option<f64>, y: f64| x.is_some_and(|x| (x - y).abs() < 1e-9);
+        assert!(near(f.both_ways(40_000), 7.0), "{:?}", f.both_ways(40_000));
+        // Half way between the probed sizes: 5 + (61 - 5) / 2, plus the flag.
+        assert!(
+            near(f.both_ways(520_000), 35.0),
+            "{:?}",
+            f.both_ways(520_000)
+        );
+        // Not below the overlapped bound, which assumes the directions do not interfere.
+        let shared = f.one_shot_shared(1_000_000, 16_384).unwrap();
+        assert!(f.both_ways(1_000_000).unwrap() >= shared.overlapped());
+        f.moves[0].both_ways_us = 0.0;
+        assert_eq!(f.both_ways(40_000), None);
+    }
+
+    #[test]
     fn small_messages_are_their_own_flag() {
         let f = floors();
         let tiny = f.one_shot(8, 16_384);
@@ -960,6 +1066,8 @@ mod tests {
                     pair_read_us: 6.0,
                     pair_write_us: 2.9,
                     duplex_us: 5.0,
+                    both_ways_us: 6.5,
+                    both_ways_writers: 4,
                 },
                 Move {
                     bytes: 43008,
@@ -970,6 +1078,8 @@ mod tests {
                     pair_read_us: 3.5,
                     pair_write_us: 3.1,
                     duplex_us: 3.3,
+                    both_ways_us: 5.5,
+                    both_ways_writers: 16,
                 },
             ],
             pingpongs: vec![
@@ -995,6 +1105,7 @@ mod tests {
             (f.moves[0].pair_read_us, f.moves[0].pair_write_us),
             (3.5, 2.9)
         );
+        assert_eq!(f.moves[0].both_ways_us, 5.5);
         let no_flag = Report {
             pingpongs: vec![pingpong(Err(Error::InvalidArgument("lost".into())))],
             ..report

@@ -148,10 +148,12 @@ fn main() -> ExitCode {
     }
     println!(
         "reads and writes of a message by one grid, and by two grids at once (a message each, \
-         as two ranks of one GPU share its link; duplex: one writes while the other reads), us:"
+         as two ranks of one GPU share its link; duplex: one writes while the other reads; both \
+         ways: two messages written while two are read, by 4 x blocks, the fastest split and \
+         its writing blocks), us:"
     );
     println!(
-        "{:>10} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "{:>10} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8}",
         "bytes",
         "blocks",
         "read",
@@ -161,12 +163,14 @@ fn main() -> ExitCode {
         "write GB/s",
         "2 read",
         "2 write",
-        "duplex"
+        "duplex",
+        "both ways",
+        "writers"
     );
     for m in report.moves {
         let gbs = |us: f64| m.bytes as f64 / us / 1e3;
         println!(
-            "{:>10} {:>7} {:>9.2} {:>9.2} {:>9.2} {:>9.1} {:>9.1} {:>9.2} {:>9.2} {:>9.2}",
+            "{:>10} {:>7} {:>9.2} {:>9.2} {:>9.2} {:>9.1} {:>9.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8}",
             m.bytes,
             m.blocks,
             m.read_us,
@@ -176,7 +180,9 @@ fn main() -> ExitCode {
             gbs(m.write_us),
             m.pair_read_us,
             m.pair_write_us,
-            m.duplex_us
+            m.duplex_us,
+            m.both_ways_us,
+            m.both_ways_writers
         );
     }
     ExitCode::SUCCESS
