@@ -115,8 +115,9 @@ pub fn table(inputs: &Inputs<'_>) -> String {
          two messages moved at once, the floor of two ranks on one GPU; \"overlapped\": \
          flag + the longer of that write and read, the least a protocol that reads while it \
          writes (streamed chunks) could take if the link's two directions did not slow each \
-         other; \"both ways\": flag + both ranks' writes and reads moved at once, as measured",
-        inputs.flagged_from
+         other; \"both ways\": flag + both ranks' writes and reads moved at once, as measured \
+         (from {} B: below, the data is its own flag and pays no fence)",
+        inputs.flagged_from, inputs.flagged_from
     );
     let _ = writeln!(s);
     let shared = f.pairs_probed();
@@ -172,8 +173,13 @@ pub fn table(inputs: &Inputs<'_>) -> String {
                 ours / t.overlapped()
             );
         }
-        if let Some(b) = f.both_ways(bytes as usize) {
-            let _ = write!(s, " {b:.2} | {:.2} |", ours / b);
+        if both_ways {
+            match f.both_ways(bytes as usize, inputs.flagged_from) {
+                Some(b) => {
+                    let _ = write!(s, " {b:.2} | {:.2} |", ours / b);
+                }
+                None => s.push_str(" - | - |"),
+            }
         }
         let cell = |m: &Medians| m.get(&bytes).copied();
         for eager in [inputs.eager, inputs.back_to_back] {
@@ -322,7 +328,7 @@ mod tests {
     #[test]
     fn with_both_ways_probed_the_table_adds_that_bound() {
         let floors = floors_of_40k(4.0, 3.5, 5.0);
-        let graph: Medians = [(40_000, 10.5)].into();
+        let graph: Medians = [(8, 5.0), (40_000, 10.5)].into();
         let none = Medians::new();
         let text = table(&Inputs {
             floors: &floors,
@@ -335,6 +341,8 @@ mod tests {
         // Flag 2 + 5 both ways = 7; 10.5 / 7 = 1.5.
         assert!(text.contains("| 6.00 | 1.75 | 7.00 | 1.50 |"), "{text}");
         assert!(text.contains("| ours / both ways |"), "{text}");
+        // Below the flagged size: no such bound.
+        assert!(text.contains("| 2.50 | 2.00 | 2.50 | - | - |\n"), "{text}");
         assert!(
             text.contains("two written while two are read: 5.00 us"),
             "{text}"

@@ -870,9 +870,11 @@ impl Floors {
     /// The least any protocol could take with both ranks of one GPU reading while they
     /// write: a flag's trip and the link carrying both ranks' writes and reads at once, as
     /// measured (where [`FloorTerms::overlapped`] assumes the two directions do not slow
-    /// each other). `None` where the probe did not measure it.
-    pub fn both_ways(&self, bytes: usize) -> Option<f64> {
-        self.both_ways_probed().then(|| {
+    /// each other). `None` where the probe did not measure it, and below `flagged_from`
+    /// bytes, where the data is its own flag: the probe's writes end with a fence that
+    /// those messages do not pay, so it would be no floor of theirs.
+    pub fn both_ways(&self, bytes: usize, flagged_from: usize) -> Option<f64> {
+        (self.both_ways_probed() && bytes >= flagged_from).then(|| {
             let moved = interpolate(
                 bytes,
                 self.host_load_ns / 1e3,
@@ -1020,18 +1022,25 @@ mod tests {
     fn both_ways_is_the_flag_and_the_measured_traffic() {
         let mut f = floors();
         let near = |x: Option<f64>, y: f64| x.is_some_and(|x| (x - y).abs() < 1e-9);
-        assert!(near(f.both_ways(40_000), 7.0), "{:?}", f.both_ways(40_000));
+        let both_ways = |f: &Floors, bytes| f.both_ways(bytes, 16_384);
+        assert!(
+            near(both_ways(&f, 40_000), 7.0),
+            "{:?}",
+            both_ways(&f, 40_000)
+        );
         // Half way between the probed sizes: 5 + (61 - 5) / 2, plus the flag.
         assert!(
-            near(f.both_ways(520_000), 35.0),
+            near(both_ways(&f, 520_000), 35.0),
             "{:?}",
-            f.both_ways(520_000)
+            both_ways(&f, 520_000)
         );
         // Not below the overlapped bound, which assumes the directions do not interfere.
         let shared = f.one_shot_shared(1_000_000, 16_384).unwrap();
-        assert!(f.both_ways(1_000_000).unwrap() >= shared.overlapped());
+        assert!(both_ways(&f, 1_000_000).unwrap() >= shared.overlapped());
+        // Below the flagged size the data is its own flag, and no fenced write bounds it.
+        assert_eq!(both_ways(&f, 8_192), None);
         f.moves[0].both_ways_us = 0.0;
-        assert_eq!(f.both_ways(40_000), None);
+        assert_eq!(both_ways(&f, 40_000), None);
     }
 
     #[test]
