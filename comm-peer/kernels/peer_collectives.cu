@@ -314,7 +314,7 @@ __device__ __forceinline__ uint64_t peer_stream_first(const PeerArgs& a, uint64_
 // while only one polls the link.
 template <int DT, int OP>
 __device__ void peer_stream_read_grouped(const PeerArgs& a, const PeerCtx& c, const uint4* inbox, uint64_t nvec,
-                                         uint32_t per, bool split, uint32_t q) {
+                                         uint32_t per, bool in_place, bool split, uint32_t q) {
     const uint64_t cv = a.part / 16;
     const uint32_t world = a.world, me = a.rank, value = 2u * c.seq + 1u, p = threadIdx.x;
     const uint32_t k = blockIdx.x / per, j = blockIdx.x % per;
@@ -322,7 +322,7 @@ __device__ void peer_stream_read_grouped(const PeerArgs& a, const PeerCtx& c, co
     if (j == 0) {
         if (p < world && p != me && !*c.dead)
             peer_wait_value(a, c, &peer_pad(c, me)->flags[0][k][p], value, PEER_TIMEOUT_BARRIER, 0, p);
-        else if (p == me && a.input == a.output && !*c.dead)
+        else if (p == me && in_place && !*c.dead)
             peer_wait_on_device(a, c, &c.state->chunk_sent[k], value, PEER_TIMEOUT_BARRIER, (me + 1u) % world);
         if (!split && blockIdx.x == 0 && q < world && q != me && !*c.dead) peer_await_call(a, c, q);
     }
@@ -341,8 +341,37 @@ __device__ void peer_stream_read_grouped(const PeerArgs& a, const PeerCtx& c, co
     peer_reduce_slots<DT, OP>(a, inbox, nvec, k * cv + j * blockDim.x + threadIdx.x, to, per * blockDim.x);
 }
 
-// GROUPED: the readers come in groups of two or more a chunk where the grid has them (the
-// kernels peer_oneshot_grouped_*, so that those of one reader a chunk carry none of it).
+// The readers of a streamed push with one block a chunk: reader r reads chunks r, r +
+// readers, ... Block 0 also compares the calls, with the wait for its first chunk.
+template <int DT, int OP>
+__device__ void peer_stream_read_each(const PeerArgs& a, const PeerCtx& c, const uint4* inbox, uint64_t nvec,
+                                      uint64_t chunks, bool in_place, bool split, uint32_t q) {
+    const uint64_t cv = a.part / 16;
+    const uint32_t readers = peer_stream_readers(a), world = a.world, me = a.rank;
+    const uint32_t value = 2u * c.seq + 1u, p = threadIdx.x;
+    for (uint64_t k = blockIdx.x; k < chunks; k += readers) {
+        if (p < world && p != me && !*c.dead)
+            peer_wait_value(a, c, &peer_pad(c, me)->flags[0][k][p], value, PEER_TIMEOUT_BARRIER, 0, p);
+        else if (p == me && in_place && !*c.dead)
+            peer_wait_on_device(a, c, &c.state->chunk_sent[k], value, PEER_TIMEOUT_BARRIER, (me + 1u) % world);
+        if (!split && blockIdx.x == 0 && k == 0 && q < world && q != me && !*c.dead) peer_await_call(a, c, q);
+        if (k == blockIdx.x) {
+            peer_trace_seen(a, c);
+            __syncthreads();
+            peer_trace_waited(a, c);
+            if (!peer_share_agreement(a, c)) return;
+        } else {
+            __syncthreads();
+            if (*c.dead) return;
+        }
+        const uint64_t to = (k + 1) * cv < nvec ? (k + 1) * cv : nvec;
+        peer_reduce_slots<DT, OP>(a, inbox, nvec, k * cv + threadIdx.x, to, blockDim.x);
+    }
+}
+
+// GROUPED: the readers come in groups of two or more a chunk (the kernels
+// peer_oneshot_grouped_*, which the host launches only with such grids: Streamed::grouped;
+// those of one reader a chunk carry none of the groups' code).
 template <int DT, int OP, bool GROUPED>
 __device__ void peer_oneshot_streamed(const PeerArgs& a, const PeerCtx& c, uint64_t nvec, uint4 first) {
     const bool aligned = a.aligned != 0;
@@ -383,27 +412,10 @@ __device__ void peer_oneshot_streamed(const PeerArgs& a, const PeerCtx& c, uint6
     const uint32_t q = split ? threadIdx.x - 32u : threadIdx.x;
     if (split && blockIdx.x == 0 && q < world && q != me && !*c.dead) peer_await_call(a, c, q);
     const uint4* inbox = reinterpret_cast<const uint4*>(c.region[me] + dbuf);
-    if (GROUPED && readers >= 2 * chunks) {
-        peer_stream_read_grouped<DT, OP>(a, c, inbox, nvec, readers / (uint32_t)chunks, split, q);
-        return;
-    }
-    for (uint64_t k = blockIdx.x; k < chunks; k += readers) {
-        if (p < world && p != me && !*c.dead)
-            peer_wait_value(a, c, &peer_pad(c, me)->flags[0][k][p], value, PEER_TIMEOUT_BARRIER, 0, p);
-        else if (p == me && in_place && !*c.dead)
-            peer_wait_on_device(a, c, &c.state->chunk_sent[k], value, PEER_TIMEOUT_BARRIER, (me + 1u) % world);
-        if (!split && blockIdx.x == 0 && k == 0 && q < world && q != me && !*c.dead) peer_await_call(a, c, q);
-        if (k == blockIdx.x) {
-            peer_trace_seen(a, c);
-            __syncthreads();
-            peer_trace_waited(a, c);
-            if (!peer_share_agreement(a, c)) return;
-        } else {
-            __syncthreads();
-            if (*c.dead) return;
-        }
-        const uint64_t to = (k + 1) * cv < nvec ? (k + 1) * cv : nvec;
-        peer_reduce_slots<DT, OP>(a, inbox, nvec, k * cv + threadIdx.x, to, blockDim.x);
+    if constexpr (GROUPED) {
+        peer_stream_read_grouped<DT, OP>(a, c, inbox, nvec, readers / (uint32_t)chunks, in_place, split, q);
+    } else {
+        peer_stream_read_each<DT, OP>(a, c, inbox, nvec, chunks, in_place, split, q);
     }
 }
 
