@@ -223,7 +223,8 @@ impl PeerComm {
                         world,
                     );
                     // Data then a flag in one chunk over the grid: every block writes and
-                    // reads, a vector per thread (only block 0 polls host memory).
+                    // reads, a vector per thread (only block 0 polls host memory). Lamport
+                    // mailboxes over host memory: one block of as few warps as hold them.
                     let lamport_over_host = plan.algorithm == Algorithm::OneshotPush
                         && self.group.host_memory()
                         && !flagged;

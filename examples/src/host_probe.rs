@@ -308,9 +308,9 @@ pub struct Move {
     pub pair_write_us: f64,
     /// The same, one grid writing while the other reads (is the link full duplex?), us.
     pub duplex_us: f64,
-    /// Both ranks' traffic at once: part of a grid of twice the blocks writes two messages'
-    /// bytes while the rest reads two messages' bytes, as the link of one GPU carries an
-    /// all-reduce of two ranks that reads while it writes; the fastest split, us.
+    /// Both ranks' traffic at once: part of a grid of `4 * blocks` (twice the pairs') writes
+    /// two messages' bytes while the rest reads two messages' bytes, as the link of one GPU
+    /// carries an all-reduce of two ranks that reads while it writes; the fastest split, us.
     pub both_ways_us: f64,
     /// The writing blocks of that fastest split (of `4 * blocks`).
     pub both_ways_writers: u32,
