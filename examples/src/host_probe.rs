@@ -446,55 +446,30 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
                 }
                 // both read, both write, one writes while the other reads
                 for (kind, span) in pair_spans.iter_mut().enumerate() {
-                    let (mut write_a, mut write_b) = [(0i32, 0i32), (1, 1), (1, 0)][kind];
-                    let mut buf_a = fresh_part(&mut cursor, walk_dev, bytes);
-                    let mut buf_b = fresh_part(&mut cursor, walk_dev, bytes);
-                    let (mut nvec, mut flavor) = ((bytes / 16) as u64, LOAD_VOLATILE);
-                    let (mut out, mut sink_ptr) = (times_dev, sink_dev);
-                    let mut first_blocks = blocks;
-                    let mut params = comm_core::kernel_params![
-                        buf_a,
-                        buf_b,
-                        nvec,
+                    let (write_a, write_b) = [(false, false), (true, true), (true, false)][kind];
+                    let two = TwoMoves {
+                        buf_a: fresh_part(&mut cursor, walk_dev, bytes),
+                        buf_b: fresh_part(&mut cursor, walk_dev, bytes),
+                        bytes,
                         write_a,
                         write_b,
-                        out,
-                        sink_ptr,
-                        flavor,
-                        first_blocks
-                    ];
-                    // SAFETY: (uint4* buf_a, uint4* buf_b, u64 nvec, int write_a, int
-                    // write_b, u64* times, uint4* sink, int flavor, unsigned first_blocks):
-                    // each buffer holds nvec vectors of the walk, times 2 x 2 x blocks words
-                    // (blocks <= 512), sink one; the first `blocks` blocks move buf_a.
-                    unsafe { gpu.launch(&gpu.move_pair, 2 * blocks, THREADS, &mut params)? };
-                    gpu.memory.synchronize()?;
-                    span.push(grid_span(&times, 2 * blocks as usize));
+                        first_blocks: blocks,
+                        blocks: 2 * blocks,
+                    };
+                    span.push(two.span(&gpu, &times, times_dev, sink_dev)?);
                 }
+                // both ranks' writes while both ranks' reads
                 for (split, span) in both_ways_spans.iter_mut().enumerate() {
-                    let mut buf_a = fresh_part(&mut cursor, walk_dev, 2 * bytes);
-                    let mut buf_b = fresh_part(&mut cursor, walk_dev, 2 * bytes);
-                    let (mut write_a, mut write_b) = (1i32, 0i32);
-                    let (mut nvec, mut flavor) = ((2 * bytes / 16) as u64, LOAD_VOLATILE);
-                    let (mut out, mut sink_ptr) = (times_dev, sink_dev);
-                    let mut first_blocks = both_ways_writers(blocks, split);
-                    let mut params = comm_core::kernel_params![
-                        buf_a,
-                        buf_b,
-                        nvec,
-                        write_a,
-                        write_b,
-                        out,
-                        sink_ptr,
-                        flavor,
-                        first_blocks
-                    ];
-                    // SAFETY: as above, with buffers of 2 * nvec vectors and 4 * blocks
-                    // blocks (<= 2048: times holds 2 words of each), the first
-                    // `first_blocks` of them writing.
-                    unsafe { gpu.launch(&gpu.move_pair, 4 * blocks, THREADS, &mut params)? };
-                    gpu.memory.synchronize()?;
-                    span.push(grid_span(&times, 4 * blocks as usize));
+                    let two = TwoMoves {
+                        buf_a: fresh_part(&mut cursor, walk_dev, 2 * bytes),
+                        buf_b: fresh_part(&mut cursor, walk_dev, 2 * bytes),
+                        bytes: 2 * bytes,
+                        write_a: true,
+                        write_b: false,
+                        first_blocks: both_ways_writers(blocks, split),
+                        blocks: 4 * blocks,
+                    };
+                    span.push(two.span(&gpu, &times, times_dev, sink_dev)?);
                 }
             }
             let [read, write, read_cv] = spans.map(median);
@@ -555,6 +530,46 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
 
 /// The device address of the next `bytes` of the walk (from `cursor`, on a page of their
 /// own, wrapping at its end), so that no probe finds its lines cached.
+/// Two moves in one launch of `host_probe_move_pair`: the first `first_blocks` of `blocks`
+/// blocks move `buf_a`, the others `buf_b`, `bytes` each (reads, or writes where asked).
+struct TwoMoves {
+    buf_a: u64,
+    buf_b: u64,
+    bytes: usize,
+    write_a: bool,
+    write_b: bool,
+    first_blocks: u32,
+    blocks: u32,
+}
+
+impl TwoMoves {
+    /// The launch's span (us) from the first block's start to the last block's end.
+    fn span(&self, gpu: &Gpu, times: &Pinned, times_dev: u64, sink_dev: u64) -> Result<f64> {
+        let (mut buf_a, mut buf_b) = (self.buf_a, self.buf_b);
+        let (mut nvec, mut flavor) = ((self.bytes / 16) as u64, LOAD_VOLATILE);
+        let (mut write_a, mut write_b) = (i32::from(self.write_a), i32::from(self.write_b));
+        let (mut out, mut sink_ptr, mut first_blocks) = (times_dev, sink_dev, self.first_blocks);
+        let mut params = comm_core::kernel_params![
+            buf_a,
+            buf_b,
+            nvec,
+            write_a,
+            write_b,
+            out,
+            sink_ptr,
+            flavor,
+            first_blocks
+        ];
+        // SAFETY: (uint4* buf_a, uint4* buf_b, u64 nvec, int write_a, int write_b, u64*
+        // times, uint4* sink, int flavor, unsigned first_blocks): each buffer holds nvec
+        // vectors of the walk (fresh_part), times 2 words for each of up to 2048 blocks
+        // (4 x 512), sink one.
+        unsafe { gpu.launch(&gpu.move_pair, self.blocks, THREADS, &mut params)? };
+        gpu.memory.synchronize()?;
+        Ok(grid_span(times, self.blocks as usize))
+    }
+}
+
 /// Splits of the both-ways probe: a quarter, half or three quarters of the grid write.
 const BOTH_WAYS_SPLITS: usize = 3;
 

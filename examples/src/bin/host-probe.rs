@@ -2,7 +2,7 @@
 //! `comm_examples::host_probe`).
 //!
 //! ```text
-//! host-probe [--device N] [--sizes 8K,43008,256K,1M] [--blocks 1,2,4,8,16,32] [--reps 50]
+//! host-probe [--device N] [--sizes 8K,43008,256K,1M] [--blocks 1,2,4,8,16,32,64,128] [--reps 50]
 //!            [--json FILE]
 //! ```
 //!
@@ -30,7 +30,7 @@ fn parse() -> Result<Option<Options>, String> {
     let mut o = Options {
         device: 0,
         sizes: vec![8 << 10, 43008, 256 << 10, 1 << 20],
-        blocks: vec![1, 2, 4, 8, 16, 32],
+        blocks: vec![1, 2, 4, 8, 16, 32, 64, 128],
         reps: 50,
         json: None,
     };
