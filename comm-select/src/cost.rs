@@ -151,10 +151,11 @@ impl FabricParams {
 /// graphs, bf16; benchmarks/history/2026-11-30.md, "Without peer access"): 9.1 us at 8 B,
 /// 13.9 at 42 KB, 34.8 at 256 KiB, 61.4 at 1 MiB, 165 at 4 MiB, 598 at 16 MiB. Ours on the
 /// host-mapped kernels, one-shot push by data and flags, streamed in chunks beyond 48 KiB
-/// (BENCHMARKS.md, "Host memory on one GPU", 2026-12-04 09:55): 3.9 us at 8 B, 9.4 at 42
-/// KB, 21.1 at 256 KiB, 36.7 at 512 KiB, 63.5 at 1 MiB, measured with both ranks on one H200,
-/// whose one link then carries both ranks' traffic (at 1 MiB all it carries both ways at
-/// once, by host-probe); the two-GPU comparison is still to be run. So
+/// (BENCHMARKS.md, "Host memory on one GPU", 2026-12-04 10:08): 3.8 us at 8 B, 9.3 at 42
+/// KB, 21.2 at 256 KiB, 36.0 at 512 KiB, 63.6 at 1 MiB, measured with both ranks on one H200,
+/// whose one link then carries both ranks' traffic (at 1 MiB 1.11x the least time in which
+/// host-probe moved that traffic both ways at once); the two-GPU comparison is still to be
+/// run. So
 /// the model takes our kernels up to 512 KiB at two ranks and NCCL from 1 MiB, where the two
 /// measured within 4% of each other. A tuning table measured on the machine beats the model
 /// anyway.
@@ -465,11 +466,11 @@ mod tests {
             (Ring, 256 << 10, 34.8),
             (Ring, 1 << 20, 61.4),
             (Ring, 16 << 20, 598.0),
-            (OneShotPush, 8, 3.9),
-            (OneShotPush, KB42, 9.4),
-            (OneShotPush, 256 << 10, 21.1),
-            (OneShotPush, 512 << 10, 36.7),
-            (OneShotPush, 1 << 20, 63.5),
+            (OneShotPush, 8, 3.8),
+            (OneShotPush, KB42, 9.3),
+            (OneShotPush, 256 << 10, 21.2),
+            (OneShotPush, 512 << 10, 36.0),
+            (OneShotPush, 1 << 20, 63.6),
         ] {
             let predicted = us(&model, pattern, bytes);
             assert!(
