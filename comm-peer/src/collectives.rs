@@ -80,23 +80,20 @@ impl PeerComm {
         self.grid_of_vectors(work.div_ceil(self.items_per_thread))
     }
 
-    /// The grid of a one-shot push by Lamport mailboxes over host memory: [`Self::grid`],
-    /// whose one block, where it holds every vector, takes only the warps that hold them
+    /// An all-reduce's grid (of a launch not pushed as data and flags): a one-shot's spreads
+    /// a small message over more SMs; over host memory, a one-shot push by Lamport mailboxes
+    /// whose one block holds every vector takes only the warps that hold them
     /// ([`lamport_block`]).
-    fn host_lamport_grid(&self, work: usize) -> (u32, u32) {
-        match self.grid(work) {
-            (1, threads) => (1, lamport_block(work, threads)),
-            grid => grid,
-        }
-    }
-
-    /// An all-reduce's grid: a one-shot's spreads a small message over more SMs.
     fn all_reduce_grid(&self, algorithm: Algorithm, work: usize) -> (u32, u32) {
         match (algorithm, self.spread_blocks) {
             (Algorithm::OneshotPush | Algorithm::OneshotPull, Some(spread)) => {
                 let most = |threads| by_block_size(spread, threads);
                 spread_grid(work, self.config.threads, most, self.max_blocks)
             }
+            (Algorithm::OneshotPush, None) if self.group.host_memory() => match self.grid(work) {
+                (1, threads) => (1, lamport_block(work, threads)),
+                grid => grid,
+            },
             _ => self.grid(work),
         }
     }
@@ -223,15 +220,9 @@ impl PeerComm {
                         world,
                     );
                     // Data then a flag in one chunk over the grid: every block writes and
-                    // reads, a vector per thread (only block 0 polls host memory). Lamport
-                    // mailboxes over host memory: one block of as few warps as hold them.
-                    let lamport_over_host = plan.algorithm == Algorithm::OneshotPush
-                        && self.group.host_memory()
-                        && !flagged;
+                    // reads, a vector per thread (only block 0 polls host memory).
                     let grid = if flagged {
                         self.grid_of_vectors(work)
-                    } else if lamport_over_host {
-                        self.host_lamport_grid(work)
                     } else {
                         self.all_reduce_grid(plan.algorithm, work)
                     };

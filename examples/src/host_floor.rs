@@ -262,6 +262,20 @@ mod tests {
         }
     }
 
+    /// The table of `floors` with graph figures only (flagged from 16 KiB).
+    fn graph_table(floors: &Floors, graph: &[(u64, f64)]) -> String {
+        let graph: Medians = graph.iter().copied().collect();
+        let none = Medians::new();
+        table(&Inputs {
+            floors,
+            flagged_from: 16_384,
+            graph: &graph,
+            eager: &none,
+            back_to_back: &none,
+            nccl: &none,
+        })
+    }
+
     #[test]
     fn the_table_sets_ours_beside_the_floor_and_nccl() {
         let floors = floors_of_40k(0.0, 0.0, 0.0);
@@ -300,17 +314,7 @@ mod tests {
 
     #[test]
     fn with_pairs_probed_the_table_adds_the_shared_floor() {
-        let floors = floors_of_40k(4.0, 3.5, 0.0);
-        let graph: Medians = [(40_000, 10.5)].into();
-        let none = Medians::new();
-        let text = table(&Inputs {
-            floors: &floors,
-            flagged_from: 16_384,
-            graph: &graph,
-            eager: &none,
-            back_to_back: &none,
-            nccl: &none,
-        });
+        let text = graph_table(&floors_of_40k(4.0, 3.5, 0.0), &[(40_000, 10.5)]);
         assert!(
             text.contains(
                 "| 40000 | 10.50 | 7.00 | 2.00 + 2.00 + 3.00 | 1.50 | 9.50 | 3.50 + 2.00 + \
@@ -327,17 +331,7 @@ mod tests {
 
     #[test]
     fn with_both_ways_probed_the_table_adds_that_bound() {
-        let floors = floors_of_40k(4.0, 3.5, 5.0);
-        let graph: Medians = [(8, 5.0), (40_000, 10.5)].into();
-        let none = Medians::new();
-        let text = table(&Inputs {
-            floors: &floors,
-            flagged_from: 16_384,
-            graph: &graph,
-            eager: &none,
-            back_to_back: &none,
-            nccl: &none,
-        });
+        let text = graph_table(&floors_of_40k(4.0, 3.5, 5.0), &[(8, 5.0), (40_000, 10.5)]);
         // Flag 2 + 5 both ways = 7; 10.5 / 7 = 1.5.
         assert!(text.contains("| 6.00 | 1.75 | 7.00 | 1.50 |"), "{text}");
         assert!(text.contains("| ours / both ways |"), "{text}");
