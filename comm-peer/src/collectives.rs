@@ -47,12 +47,57 @@ fn lamport_block(work: usize, threads: u32) -> u32 {
     (warps * 32).min(threads as usize) as u32
 }
 
+/// Threads of each block of a Lamport one-shot push over host memory between two ranks whose
+/// message one block does not hold: a vector per thread, so that no thread polls two one
+/// after another. One H200, two ranks, graphs, medians of 3 (2026-12-04), by threads per
+/// block 512 / 256 / 128 (/ 64): 24 KiB 7.41 / 7.16 / 7.14; 42 KB 8.68 / 8.65 / 8.47, and
+/// in another call 256 / 128 / 64: 8.59 / 8.52 / 8.51; 48 KiB 9.21 / 9.26 / 9.03; 64 KiB
+/// 10.80 / 10.64 / 10.74 (256 / 128 / 64).
+const PAIR_LAMPORT_THREADS: u32 = 128;
+
+/// The grid of a Lamport one-shot push over host memory of `work` vectors among `world`
+/// ranks, given the usual grid of that work (its block size the configured one) and the most
+/// blocks that stay resident beside the peers': one block holding every vector in the warps
+/// it needs ([`lamport_block`]); else, between two ranks, a vector per thread in blocks of
+/// [`PAIR_LAMPORT_THREADS`] where that many blocks stay resident; else the usual grid.
+fn host_lamport_grid(work: usize, world: usize, resident: u32, usual: (u32, u32)) -> (u32, u32) {
+    let threads = usual.1;
+    let pair = PAIR_LAMPORT_THREADS.min(threads);
+    match usual {
+        (1, _) if work <= threads as usize => (1, lamport_block(work, threads)),
+        _ if world == 2 && work <= (resident * pair) as usize => {
+            (blocks(work, pair, resident), pair)
+        }
+        (1, threads) => (1, lamport_block(work, threads)),
+        grid => grid,
+    }
+}
+
 /// Over host memory, one-shot push messages of at least this many bytes go as data and then
-/// flags rather than by Lamport mailboxes: a flag per block (`peer_oneshot_flagged`), or,
-/// from four chunks of 16 KiB or more, a flag per chunk (`peer_oneshot_streamed`). One H200,
-/// two ranks, graphs (2026-12-03): Lamport 6.3 us at 8 KiB and 9.0 at 12 KiB, the flag 7.5
-/// and 8.1.
+/// flags rather than by Lamport mailboxes, at more than two ranks: a flag per block
+/// (`peer_oneshot_flagged`), or, from four chunks of 16 KiB or more, a flag per chunk
+/// (`peer_oneshot_streamed`). One H200, two ranks, graphs (2026-12-03): Lamport (four
+/// vectors a thread) 6.3 us at 8 KiB and 9.0 at 12 KiB, the flag 7.5 and 8.1; at 4 and 8
+/// ranks a vector a thread in blocks of 128 (2026-12-04) lost too: 42 KB 29.4 / 25.6 and
+/// 134.4 / 95.3 us.
 pub const FLAGGED_FROM: usize = 12 << 10;
+
+/// [`FLAGGED_FROM`] between two ranks, whose Lamport push takes a vector per thread
+/// ([`PAIR_LAMPORT_THREADS`]). One H200, two ranks, graphs, medians of 3 (2026-12-04),
+/// Lamport against the flags: 12 KiB 6.37 / 7.12 us, 16 KiB 6.66 / 7.42, 32 KiB 7.66 /
+/// 8.60, 42 KB 8.47 / 9.35, 64 KiB 10.64 / 11.28 (streamed), 96 KiB 13.73 / 13.58, 128 KiB
+/// 16.81 / 14.71.
+pub const PAIR_FLAGGED_FROM: usize = 96 << 10;
+
+/// The least bytes a one-shot push over host memory among `world` ranks sends as data and
+/// then flags (below, by Lamport mailboxes).
+pub fn flagged_from(world: usize) -> usize {
+    if world == 2 {
+        PAIR_FLAGGED_FROM
+    } else {
+        FLAGGED_FROM
+    }
+}
 
 impl PeerComm {
     /// Whether a one-shot push launch of `bytes` goes as data and then a flag: over host
@@ -60,7 +105,7 @@ impl PeerComm {
     fn pushes_flagged(&self, bytes: usize) -> bool {
         let world = self.group.world_size();
         self.group.host_memory()
-            && bytes >= FLAGGED_FROM
+            && bytes >= flagged_from(world)
             && (world - 1) * bytes.next_multiple_of(16) <= self.layout.cap
     }
 
@@ -83,17 +128,21 @@ impl PeerComm {
     /// An all-reduce's grid (of a launch not pushed as data and flags): a one-shot's spreads
     /// a small message over more SMs; over host memory, a one-shot push by Lamport mailboxes
     /// whose one block holds every vector takes only the warps that hold them
-    /// ([`lamport_block`]).
+    /// ([`lamport_block`]), and between two ranks a larger one takes a vector per thread in
+    /// blocks of [`PAIR_LAMPORT_THREADS`] where as many blocks stay resident beside the
+    /// peer's.
     fn all_reduce_grid(&self, algorithm: Algorithm, work: usize) -> (u32, u32) {
         match (algorithm, self.spread_blocks) {
             (Algorithm::OneshotPush | Algorithm::OneshotPull, Some(spread)) => {
                 let most = |threads| by_block_size(spread, threads);
                 spread_grid(work, self.config.threads, most, self.max_blocks)
             }
-            (Algorithm::OneshotPush, None) if self.group.host_memory() => match self.grid(work) {
-                (1, threads) => (1, lamport_block(work, threads)),
-                grid => grid,
-            },
+            (Algorithm::OneshotPush, None) if self.group.host_memory() => host_lamport_grid(
+                work,
+                self.group.world_size(),
+                self.stream_blocks,
+                self.grid(work),
+            ),
             _ => self.grid(work),
         }
     }
@@ -355,7 +404,7 @@ impl PeerComm {
 
 #[cfg(test)]
 mod tests {
-    use super::lamport_block;
+    use super::{PAIR_LAMPORT_THREADS, host_lamport_grid, lamport_block};
 
     #[test]
     fn a_lamport_block_takes_the_warps_its_vectors_need_but_two_at_least() {
@@ -367,5 +416,25 @@ mod tests {
         // A configured block size stays the bound.
         assert_eq!(lamport_block(1, 32), 32);
         assert_eq!(lamport_block(200, 128), 128);
+    }
+
+    #[test]
+    fn a_lamport_push_between_two_ranks_takes_a_vector_per_thread() {
+        // 8 KiB of bf16 (512 vectors): one block of 512 threads, as at any world.
+        assert_eq!(host_lamport_grid(512, 2, 44, (1, 512)), (1, 512));
+        assert_eq!(host_lamport_grid(512, 4, 44, (1, 512)), (1, 512));
+        // 42 KB (2688 vectors): 21 blocks of 128 between two ranks; more ranks keep the
+        // usual grid (two blocks of 512, four vectors a thread).
+        assert_eq!(PAIR_LAMPORT_THREADS, 128);
+        assert_eq!(host_lamport_grid(2688, 2, 44, (2, 512)), (21, 128));
+        assert_eq!(host_lamport_grid(2688, 4, 44, (2, 512)), (2, 512));
+        // 12 KiB (768 vectors): six blocks between two, one block of 512 at four ranks.
+        assert_eq!(host_lamport_grid(768, 2, 44, (1, 512)), (6, 128));
+        assert_eq!(host_lamport_grid(768, 4, 44, (1, 512)), (1, 512));
+        // Too many blocks to stay resident: the usual grid.
+        assert_eq!(host_lamport_grid(6144, 2, 44, (3, 512)), (3, 512));
+        assert_eq!(host_lamport_grid(6144, 2, 128, (3, 512)), (48, 128));
+        // A configured block smaller than 128 threads stays the bound.
+        assert_eq!(host_lamport_grid(2688, 2, 44, (42, 64)), (42, 64));
     }
 }

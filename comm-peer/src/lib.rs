@@ -11,7 +11,7 @@
 //! every kernel: one-shot/two-shot all-reduce by pull (flag barrier: counters stored with
 //! release, read with acquire, two alternating sets, no peer atomics) or push (Lamport:
 //! sentinel-filled mailboxes, three rotating buffers, no barrier; over host memory, from
-//! [`FLAGGED_FROM`] bytes, data then a flag, so that every byte crosses the link once each
+//! [`flagged_from`] bytes, data then a flag, so that every byte crosses the link once each
 //! way; larger messages streamed in chunks, each with its flag, read while later ones are
 //! written), or by the copy engines
 //! (`copies`: kernels only signal and sum; for regions in host memory), reduce-scatter,
@@ -61,7 +61,7 @@ mod trace;
 mod zero_copy;
 
 pub use algorithm::Algorithm;
-pub use collectives::FLAGGED_FROM;
+pub use collectives::{FLAGGED_FROM, PAIR_FLAGGED_FROM, flagged_from};
 pub use comm::{COPIES_FROM, MakeSource, PeerComm, device_for, refuse_join};
 pub use config::PeerConfig;
 pub use group::{HOST_MARGIN, PeerGroup, Ready, init_buffer, init_region};

@@ -90,7 +90,7 @@ fn run(o: &Options) -> Result<String, String> {
     let nccl = medians(&rows(&o.nccl)?, "nccl");
     Ok(table(&Inputs {
         floors: &floors,
-        flagged_from: comm_peer::FLAGGED_FROM,
+        flagged_from: comm_peer::flagged_from(2),
         graph: &graph,
         eager: &eager,
         back_to_back: &back_to_back,
