@@ -150,12 +150,12 @@ impl FabricParams {
 /// NCCL's side is calibrated on two H200s with P2P forced off (`NCCL_P2P_DISABLE=1`, CUDA
 /// graphs, bf16; benchmarks/history/2026-11-30.md, "Without peer access"): 9.1 us at 8 B,
 /// 13.9 at 42 KB, 34.8 at 256 KiB, 61.4 at 1 MiB, 165 at 4 MiB, 598 at 16 MiB. Ours on the
-/// host-mapped kernels, one-shot push by data and flags, streamed in chunks beyond 48 KiB
-/// (BENCHMARKS.md, "Host memory on one GPU", 2026-12-04 10:08): 3.8 us at 8 B, 9.3 at 42
-/// KB, 21.2 at 256 KiB, 36.0 at 512 KiB, 63.6 at 1 MiB, measured with both ranks on one H200,
-/// whose one link then carries both ranks' traffic (at 1 MiB 1.11x the least time in which
-/// host-probe moved that traffic both ways at once); the two-GPU comparison is still to be
-/// run. So
+/// host-mapped kernels, one-shot push by Lamport mailboxes below 96 KiB at two ranks, by
+/// data and flags streamed in chunks beyond (BENCHMARKS.md, "Host memory on one GPU",
+/// 2026-12-04 12:56): 3.9 us at 8 B, 8.5 at 42 KB, 21.3 at 256 KiB, 37.0 at 512 KiB, 63.9 at
+/// 1 MiB, measured with both ranks on one H200, whose one link then carries both ranks'
+/// traffic (at 1 MiB 1.06x the least time in which host-probe moved that traffic both ways
+/// at once); the two-GPU comparison is still to be run. So
 /// the model takes our kernels up to 512 KiB at two ranks and NCCL from 1 MiB, where the two
 /// measured within 4% of each other. A tuning table measured on the machine beats the model
 /// anyway.
@@ -174,9 +174,9 @@ pub const NO_P2P: FabricParams = FabricParams {
     // measured beyond two ranks; a PCIe 5 link carried ~50 GB/s each way (copy-probe).
     shared_gbps: Some(60.0),
     read_contention: 0.25,
-    // One-shot push: 4.5 us + 42 KB in ~4.8 us, 256 KiB in ~18.7, 1 MiB in ~59 (18 GB/s);
+    // One-shot push: 4.5 us + 42 KB in ~4.0 us, 256 KiB in ~16.8, 1 MiB in ~59 (18 GB/s);
     // small messages pay a fixed cost beyond the launch (flag trips) that this linear model
-    // has not, so 0.53 (14.8 GB/s) keeps 42 KB (-20%) and 1 MiB (+18%) within 25%.
+    // has not, so 0.53 (14.8 GB/s) keeps 42 KB (-12%) and 1 MiB (+18%) within 25%.
     kernel_efficiency: 0.53,
     // Two ranks, low-latency protocol: 5.5 + 2 steps x 2.0 = 9.5 us, then ~9.8 GB/s (13.9 us
     // at 42 KB, ~36 at 256 KiB).
