@@ -90,7 +90,8 @@ pub const FLAGGED_FROM: usize = 12 << 10;
 pub const PAIR_FLAGGED_FROM: usize = 96 << 10;
 
 /// The least bytes a one-shot push over host memory among `world` ranks sends as data and
-/// then flags (below, by Lamport mailboxes).
+/// then flags (below, by Lamport mailboxes), where every block of a two-rank Lamport push
+/// stays resident.
 pub fn flagged_from(world: usize) -> usize {
     if world == 2 {
         PAIR_FLAGGED_FROM
@@ -99,13 +100,21 @@ pub fn flagged_from(world: usize) -> usize {
     }
 }
 
+/// [`flagged_from`] where at most `resident` vectors (blocks that stay resident beside the
+/// peers' times [`PAIR_LAMPORT_THREADS`]) can each have a thread: a two-rank Lamport push
+/// of more would poll several a thread, and then the flags win.
+fn flags_from(world: usize, resident: usize) -> usize {
+    flagged_from(world).min((resident * 16).max(FLAGGED_FROM))
+}
+
 impl PeerComm {
     /// Whether a one-shot push launch of `bytes` goes as data and then a flag: over host
     /// memory, from [`FLAGGED_FROM`] bytes, where every peer's copy fits a staging half.
     fn pushes_flagged(&self, bytes: usize) -> bool {
         let world = self.group.world_size();
+        let resident = self.stream_blocks * PAIR_LAMPORT_THREADS.min(self.config.threads);
         self.group.host_memory()
-            && bytes >= flagged_from(world)
+            && bytes >= flags_from(world, resident as usize)
             && (world - 1) * bytes.next_multiple_of(16) <= self.layout.cap
     }
 
@@ -404,7 +413,10 @@ impl PeerComm {
 
 #[cfg(test)]
 mod tests {
-    use super::{PAIR_LAMPORT_THREADS, host_lamport_grid, lamport_block};
+    use super::{
+        FLAGGED_FROM, PAIR_FLAGGED_FROM, PAIR_LAMPORT_THREADS, flags_from, host_lamport_grid,
+        lamport_block,
+    };
 
     #[test]
     fn a_lamport_block_takes_the_warps_its_vectors_need_but_two_at_least() {
@@ -436,5 +448,17 @@ mod tests {
         assert_eq!(host_lamport_grid(6144, 2, 128, (3, 512)), (48, 128));
         // A configured block smaller than 128 threads stays the bound.
         assert_eq!(host_lamport_grid(2688, 2, 44, (42, 64)), (42, 64));
+    }
+
+    #[test]
+    fn two_ranks_push_by_lamport_while_a_vector_per_thread_stays_resident() {
+        // Separate GPUs (128 blocks of 128 threads): up to the measured crossing.
+        assert_eq!(flags_from(2, 128 * 128), PAIR_FLAGGED_FROM);
+        // Two ranks sharing a GPU (44 resident blocks): 5632 vectors, 88 KiB.
+        assert_eq!(flags_from(2, 44 * 128), 88 << 10);
+        // Never below where the flags start at more ranks.
+        assert_eq!(flags_from(2, 4), FLAGGED_FROM);
+        assert_eq!(flags_from(4, 128 * 128), FLAGGED_FROM);
+        assert_eq!(flags_from(8, 44 * 128), FLAGGED_FROM);
     }
 }
