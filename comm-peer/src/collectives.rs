@@ -109,7 +109,7 @@ fn flags_from(world: usize, resident: usize) -> usize {
 
 impl PeerComm {
     /// Whether a one-shot push launch of `bytes` goes as data and then a flag: over host
-    /// memory, from [`FLAGGED_FROM`] bytes, where every peer's copy fits a staging half.
+    /// memory, from [`flags_from`] bytes, where every peer's copy fits a staging half.
     fn pushes_flagged(&self, bytes: usize) -> bool {
         let world = self.group.world_size();
         let resident = self.stream_blocks * PAIR_LAMPORT_THREADS.min(self.config.threads);
