@@ -83,7 +83,7 @@ fn host_lamport_grid(work: usize, world: usize, resident: u32, usual: (u32, u32)
 pub const FLAGGED_FROM: usize = 12 << 10;
 
 /// [`FLAGGED_FROM`] between two ranks, whose Lamport push takes a vector per thread
-/// ([`PAIR_LAMPORT_THREADS`]). One H200, two ranks, graphs, medians of 3 (2026-12-04),
+/// (in blocks of 128 threads). One H200, two ranks, graphs, medians of 3 (2026-12-04),
 /// Lamport against the flags: 12 KiB 6.37 / 7.12 us, 16 KiB 6.66 / 7.42, 32 KiB 7.66 /
 /// 8.60, 42 KB 8.47 / 9.35, 64 KiB 10.64 / 11.28 (streamed), 96 KiB 13.73 / 13.58, 128 KiB
 /// 16.81 / 14.71.
