@@ -55,20 +55,27 @@ fn lamport_block(work: usize, threads: u32) -> u32 {
 /// 10.80 / 10.64 / 10.74 (256 / 128 / 64).
 const PAIR_LAMPORT_THREADS: u32 = 128;
 
+/// The most blocks of a two-rank Lamport push over host memory, and their threads: as many
+/// blocks as stay resident beside the peer's (`resident`), of [`PAIR_LAMPORT_THREADS`] or
+/// the configured block size where smaller. Their product is the most vectors it takes, one
+/// a thread.
+fn pair_lamport_bound(resident: u32, threads: u32) -> (u32, u32) {
+    (resident, PAIR_LAMPORT_THREADS.min(threads))
+}
+
 /// The grid of a Lamport one-shot push over host memory of `work` vectors among `world`
-/// ranks, given the usual grid of that work (its block size the configured one) and the most
-/// blocks that stay resident beside the peers': one block holding every vector in the warps
-/// it needs ([`lamport_block`]); else, between two ranks, a vector per thread in blocks of
-/// [`PAIR_LAMPORT_THREADS`] where that many blocks stay resident; else the usual grid.
-fn host_lamport_grid(work: usize, world: usize, resident: u32, usual: (u32, u32)) -> (u32, u32) {
-    let threads = usual.1;
-    let pair = PAIR_LAMPORT_THREADS.min(threads);
+/// ranks, given the usual grid of that work (its block size the configured one) and
+/// [`pair_lamport_bound`]: one block holding every vector in the warps it needs
+/// ([`lamport_block`]); else, between two ranks, a vector per thread within that bound; else
+/// the usual grid.
+fn host_lamport_grid(work: usize, world: usize, pair: (u32, u32), usual: (u32, u32)) -> (u32, u32) {
+    let (most, threads) = pair;
     match usual {
-        (1, _) if work <= threads as usize => (1, lamport_block(work, threads)),
-        _ if world == 2 && work <= (resident * pair) as usize => {
-            (blocks(work, pair, resident), pair)
+        (1, t) if work <= t as usize => (1, lamport_block(work, t)),
+        _ if world == 2 && work <= (most * threads) as usize => {
+            (blocks(work, threads, most), threads)
         }
-        (1, threads) => (1, lamport_block(work, threads)),
+        (1, t) => (1, lamport_block(work, t)),
         grid => grid,
     }
 }
@@ -100,11 +107,12 @@ pub fn flagged_from(world: usize) -> usize {
     }
 }
 
-/// [`flagged_from`] where at most `resident` vectors (blocks that stay resident beside the
-/// peers' times [`PAIR_LAMPORT_THREADS`]) can each have a thread: a two-rank Lamport push
-/// of more would poll several a thread, and then the flags win.
-fn flags_from(world: usize, resident: usize) -> usize {
-    flagged_from(world).min((resident * 16).max(FLAGGED_FROM))
+/// [`flagged_from`] where a two-rank Lamport push can give at most the vectors of `pair`
+/// ([`pair_lamport_bound`]) a thread each: of more it would poll several a thread, and then
+/// the flags win.
+fn flags_from(world: usize, pair: (u32, u32)) -> usize {
+    let vectors = pair.0 as usize * pair.1 as usize;
+    flagged_from(world).min((vectors * 16).max(FLAGGED_FROM))
 }
 
 impl PeerComm {
@@ -112,9 +120,8 @@ impl PeerComm {
     /// memory, from [`flags_from`] bytes, where every peer's copy fits a staging half.
     fn pushes_flagged(&self, bytes: usize) -> bool {
         let world = self.group.world_size();
-        let resident = self.stream_blocks * PAIR_LAMPORT_THREADS.min(self.config.threads);
         self.group.host_memory()
-            && bytes >= flags_from(world, resident as usize)
+            && bytes >= flags_from(world, self.pair_lamport_bound())
             && (world - 1) * bytes.next_multiple_of(16) <= self.layout.cap
     }
 
@@ -128,6 +135,11 @@ impl PeerComm {
             blocks(work, self.config.threads, self.max_blocks),
             self.config.threads,
         )
+    }
+
+    /// [`pair_lamport_bound`] of this communicator: the streamed push's resident blocks.
+    fn pair_lamport_bound(&self) -> (u32, u32) {
+        pair_lamport_bound(self.stream_blocks, self.config.threads)
     }
 
     fn grid(&self, work: usize) -> (u32, u32) {
@@ -149,7 +161,7 @@ impl PeerComm {
             (Algorithm::OneshotPush, None) if self.group.host_memory() => host_lamport_grid(
                 work,
                 self.group.world_size(),
-                self.stream_blocks,
+                self.pair_lamport_bound(),
                 self.grid(work),
             ),
             _ => self.grid(work),
@@ -415,7 +427,7 @@ impl PeerComm {
 mod tests {
     use super::{
         FLAGGED_FROM, PAIR_FLAGGED_FROM, PAIR_LAMPORT_THREADS, flags_from, host_lamport_grid,
-        lamport_block,
+        lamport_block, pair_lamport_bound,
     };
 
     #[test]
@@ -432,33 +444,40 @@ mod tests {
 
     #[test]
     fn a_lamport_push_between_two_ranks_takes_a_vector_per_thread() {
+        // Work, world, resident blocks, the usual grid (its block size the configured one).
+        let grid = |work, world, resident, usual: (u32, u32)| {
+            host_lamport_grid(work, world, pair_lamport_bound(resident, usual.1), usual)
+        };
         // 8 KiB of bf16 (512 vectors): one block of 512 threads, as at any world.
-        assert_eq!(host_lamport_grid(512, 2, 44, (1, 512)), (1, 512));
-        assert_eq!(host_lamport_grid(512, 4, 44, (1, 512)), (1, 512));
+        assert_eq!(grid(512, 2, 44, (1, 512)), (1, 512));
+        assert_eq!(grid(512, 4, 44, (1, 512)), (1, 512));
         // 42 KB (2688 vectors): 21 blocks of 128 between two ranks; more ranks keep the
         // usual grid (two blocks of 512, four vectors a thread).
         assert_eq!(PAIR_LAMPORT_THREADS, 128);
-        assert_eq!(host_lamport_grid(2688, 2, 44, (2, 512)), (21, 128));
-        assert_eq!(host_lamport_grid(2688, 4, 44, (2, 512)), (2, 512));
+        assert_eq!(grid(2688, 2, 44, (2, 512)), (21, 128));
+        assert_eq!(grid(2688, 4, 44, (2, 512)), (2, 512));
         // 12 KiB (768 vectors): six blocks between two, one block of 512 at four ranks.
-        assert_eq!(host_lamport_grid(768, 2, 44, (1, 512)), (6, 128));
-        assert_eq!(host_lamport_grid(768, 4, 44, (1, 512)), (1, 512));
+        assert_eq!(grid(768, 2, 44, (1, 512)), (6, 128));
+        assert_eq!(grid(768, 4, 44, (1, 512)), (1, 512));
         // Too many blocks to stay resident: the usual grid.
-        assert_eq!(host_lamport_grid(6144, 2, 44, (3, 512)), (3, 512));
-        assert_eq!(host_lamport_grid(6144, 2, 128, (3, 512)), (48, 128));
+        assert_eq!(grid(6144, 2, 44, (3, 512)), (3, 512));
+        assert_eq!(grid(6144, 2, 128, (3, 512)), (48, 128));
         // A configured block smaller than 128 threads stays the bound.
-        assert_eq!(host_lamport_grid(2688, 2, 44, (42, 64)), (42, 64));
+        assert_eq!(grid(2688, 2, 44, (42, 64)), (42, 64));
     }
 
     #[test]
     fn two_ranks_push_by_lamport_while_a_vector_per_thread_stays_resident() {
         // Separate GPUs (128 blocks of 128 threads): up to the measured crossing.
-        assert_eq!(flags_from(2, 128 * 128), PAIR_FLAGGED_FROM);
+        assert_eq!(
+            flags_from(2, pair_lamport_bound(128, 512)),
+            PAIR_FLAGGED_FROM
+        );
         // Two ranks sharing a GPU (44 resident blocks): 5632 vectors, 88 KiB.
-        assert_eq!(flags_from(2, 44 * 128), 88 << 10);
+        assert_eq!(flags_from(2, pair_lamport_bound(44, 512)), 88 << 10);
         // Never below where the flags start at more ranks.
-        assert_eq!(flags_from(2, 4), FLAGGED_FROM);
-        assert_eq!(flags_from(4, 128 * 128), FLAGGED_FROM);
-        assert_eq!(flags_from(8, 44 * 128), FLAGGED_FROM);
+        assert_eq!(flags_from(2, pair_lamport_bound(1, 4)), FLAGGED_FROM);
+        assert_eq!(flags_from(4, pair_lamport_bound(128, 512)), FLAGGED_FROM);
+        assert_eq!(flags_from(8, pair_lamport_bound(44, 512)), FLAGGED_FROM);
     }
 }
