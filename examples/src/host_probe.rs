@@ -528,8 +528,6 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
     })
 }
 
-/// The device address of the next `bytes` of the walk (from `cursor`, on a page of their
-/// own, wrapping at its end), so that no probe finds its lines cached.
 /// Two moves in one launch of `host_probe_move_pair`: the first `first_blocks` of `blocks`
 /// blocks move `buf_a`, the others `buf_b`, `bytes` each (reads, or writes where asked).
 struct TwoMoves {
@@ -578,6 +576,8 @@ fn both_ways_writers(blocks: u32, split: usize) -> u32 {
     blocks * (split as u32 + 1)
 }
 
+/// The device address of the next `bytes` of the walk (from `cursor`, on a page of their
+/// own, wrapping at its end), so that no probe finds its lines cached.
 fn fresh_part(cursor: &mut usize, walk_dev: u64, bytes: usize) -> u64 {
     if *cursor + bytes > WALK_BYTES {
         *cursor = 0;
