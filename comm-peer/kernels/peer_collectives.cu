@@ -155,14 +155,15 @@ template <int DT, int OP> __device__ uint32_t peer_twoshot_pull(const PeerArgs& 
 // The wait and reduction of the one-shot Lamport kernels once this rank's data is out:
 // every peer's slot at box(p), the calls compared with the wait for each thread's first
 // vector (peer_poll_agreeing; own0, its own contribution, loaded already), then the rest
-// in batches.
+// in batches. With `late`, the previous call's slots are reset after the first wait.
 template <int DT, int OP, typename Box>
 __device__ void peer_reduce_arrivals(const PeerArgs& a, const PeerCtx& c, Box box, uint64_t nvec, bool have,
-                                     uint4 own0) {
+                                     uint4 own0, bool late) {
     const bool aligned = a.aligned != 0;
     const uint64_t v0 = peer_tid();
     uint4 w0[PEER_MAX_RANKS];
     if (!peer_poll_agreeing<DT>(a, c, box, have, own0, v0, w0)) return;
+    if (late) peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
     const uint4 r0 = have ? peer_reduce<DT, OP>(a, w0) : uint4{};
     if (!peer_share_agreement(a, c)) return;
     if (have) peer_store_user<DT>(a.output, v0, a.count, aligned, r0);
@@ -197,18 +198,21 @@ __device__ void peer_oneshot_lamport(const PeerArgs& a, const PeerCtx& c, uint64
     for (uint64_t v = v0 + peer_stride(); v < nvec; v += peer_stride())
         send(v, peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned)));
     peer_trace_sent(a, c);
-    peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
+    // A large reset waits for the first wait (peer_resets_late) where that is each thread's
+    // last: a vector each.
+    const bool late = nvec <= peer_stride() && peer_resets_late(a, c);
+    if (!late) peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
     if constexpr (LOCAL) {
         // Every peer's slot, from a table in shared memory: computed where the waits use
         // it, the addresses would hold registers through them (and spill).
         __shared__ const char* s_slot[PEER_MAX_RANKS];
         if (threadIdx.x < a.world) s_slot[threadIdx.x] = c.region[threadIdx.x] + slot0 + threadIdx.x * a.lcap;
         __syncthreads();
-        peer_reduce_arrivals<DT, OP>(a, c, [](uint32_t p) { return s_slot[p]; }, nvec, have, own0);
+        peer_reduce_arrivals<DT, OP>(a, c, [](uint32_t p) { return s_slot[p]; }, nvec, have, own0, late);
     } else {
         const char* inbox = c.region[a.rank] + slot0;
         peer_reduce_arrivals<DT, OP>(a, c, [inbox, &a](uint32_t p) { return inbox + p * a.lcap; }, nvec, have,
-                                     own0);
+                                     own0, late);
     }
 }
 
@@ -534,8 +538,9 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(c
     else if constexpr (streamed) peer_oneshot_streamed<DT, OP, ALGO == PEER_ONESHOT_GROUPED>(a, c, nvec, first);
     else if constexpr (ALGO == PEER_ONESHOT_LOCAL) peer_oneshot_lamport<DT, OP, true>(a, c, nvec, first);
     else peer_twoshot_push<DT, OP>(a, c, nvec);
-    // Push kernels reset what peers wrote while their own data travels; what peers read
-    // (a one-shot local buffer) waits until every peer is seen in this call.
+    // Push kernels reset what peers wrote while their own data travels (a large one-shot
+    // reset over host memory, after the first wait: peer_resets_late); what peers read (a
+    // one-shot local buffer) waits until every peer is seen in this call.
     constexpr bool push =
         ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_TWOSHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL || streamed;
     constexpr bool oneshot_mailbox = ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL;

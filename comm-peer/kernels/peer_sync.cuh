@@ -705,6 +705,25 @@ __device__ __forceinline__ void peer_reset_old_mailboxes(const PeerArgs& a, cons
     for (uint64_t v = peer_tid(); v < used_res; v += peer_stride()) res[v] = ones;
 }
 
+// Over host memory, a one-shot push all-reduce whose threads wait for one vector of each
+// peer resets what each peer wrote into its mailboxes in the previous call, where that is at
+// least this many bytes, once its first wait is over rather than while its data travels:
+// PCIe reads do not pass writes, so a large reset issued before the polls holds them back
+// by its drain (and, where ranks share a GPU, the peers' data on the link). A small one
+// drains under the wait; issued late it holds up the end. One H200, two ranks on host
+// memory, graphs: issued in the epilogue it lost 0.45-0.7 us up to 20 KiB; issued after the
+// wait it won 0.3 us at 32 KiB, 0.55 at 42 KB and 1.0 at 64-80 KiB, and tied at 24 KiB.
+// (The fused op, whose threads wait row by row, resets early at every size: not measured.)
+#define PEER_LATE_RESET_BYTES (24u << 10)
+
+// Whether this call's one-shot push resets its peers' slots of the previous call late (see
+// PEER_LATE_RESET_BYTES), as far as the previous call goes: after its first wait, not
+// before it. Reads only the call state of the prologue, so every thread gets one answer.
+__device__ __forceinline__ bool peer_resets_late(const PeerArgs& a, const PeerCtx& c) {
+    const uint64_t used = c.used[PEER_MB_ONESHOT * 3 + (c.seq + 2u) % 3u];
+    return a.host != 0 && !(used & PEER_USED_OWN) && used >= PEER_LATE_RESET_BYTES;
+}
+
 // Resets the previous call's mailboxes (`reset`: which of them; push kernels reset what
 // peers wrote early), records what this call wrote into buffer seq%3 (bytes per sender slot
 // of each kind; the one-shot kind with PEER_USED_OWN where it wrote its own slot), then
