@@ -152,9 +152,9 @@ impl FabricParams {
 /// 13.9 at 42 KB, 34.8 at 256 KiB, 61.4 at 1 MiB, 165 at 4 MiB, 598 at 16 MiB. Ours on the
 /// host-mapped kernels, one-shot push by Lamport mailboxes below 96 KiB at two ranks, by
 /// data and flags streamed in chunks beyond (BENCHMARKS.md, "Host memory on one GPU",
-/// 2026-12-04 12:56): 3.9 us at 8 B, 8.5 at 42 KB, 21.3 at 256 KiB, 37.0 at 512 KiB, 63.9 at
+/// 2026-12-04 14:54): 3.9 us at 8 B, 7.9 at 42 KB, 21.2 at 256 KiB, 36.2 at 512 KiB, 63.5 at
 /// 1 MiB, measured with both ranks on one H200, whose one link then carries both ranks'
-/// traffic (at 1 MiB 1.06x the least time in which host-probe moved that traffic both ways
+/// traffic (at 1 MiB 1.06-1.11x the least time in which host-probe moved that traffic both ways
 /// at once); the two-GPU comparison is still to be run. So
 /// the model takes our kernels up to 512 KiB at two ranks and NCCL from 1 MiB, where the two
 /// measured within 4% of each other. A tuning table measured on the machine beats the model
