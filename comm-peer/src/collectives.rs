@@ -55,25 +55,39 @@ fn lamport_block(work: usize, threads: u32) -> u32 {
 /// 10.80 / 10.64 / 10.74 (256 / 128 / 64).
 const PAIR_LAMPORT_THREADS: u32 = 128;
 
-/// The most blocks of a two-rank Lamport push over host memory, and their threads: as many
-/// blocks as stay resident beside the peer's (`resident`), of [`PAIR_LAMPORT_THREADS`] or
-/// the configured block size where smaller. Their product is the most vectors it takes, one
-/// a thread.
+/// Threads of each block of a two-rank Lamport push over host memory whose message needs
+/// more blocks of [`PAIR_LAMPORT_THREADS`] than stay resident beside the peer's (two ranks
+/// sharing one GPU, from 88 KiB): still a vector per thread, in blocks twice as large. One
+/// H200, two ranks sharing it, graphs, medians of 4 (2026-12-04), against the flags: 96 KiB
+/// 12.96 / 13.51 us, 112 KiB 14.07 / 14.74, 128 KiB 15.62 / 14.77.
+const PAIR_LAMPORT_WIDE_THREADS: u32 = 256;
+
+/// The most blocks of a two-rank Lamport push over host memory, and their most threads: as
+/// many blocks as stay resident beside the peer's (`resident`), of
+/// [`PAIR_LAMPORT_WIDE_THREADS`] or the configured block size where smaller. Their product
+/// is the most vectors it takes, one a thread.
 fn pair_lamport_bound(resident: u32, threads: u32) -> (u32, u32) {
-    (resident, PAIR_LAMPORT_THREADS.min(threads))
+    (resident, PAIR_LAMPORT_WIDE_THREADS.min(threads))
 }
 
 /// The grid of a Lamport one-shot push over host memory of `work` vectors among `world`
 /// ranks, given the usual grid of that work (its block size the configured one) and
 /// [`pair_lamport_bound`]: one block holding every vector in the warps it needs
-/// ([`lamport_block`]); else, between two ranks, a vector per thread within that bound; else
-/// the usual grid.
+/// ([`lamport_block`]); else, between two ranks, a vector per thread within that bound, in
+/// blocks of [`PAIR_LAMPORT_THREADS`] where as many stay resident, else of the bound's
+/// threads; else the usual grid.
 fn host_lamport_grid(work: usize, world: usize, pair: (u32, u32), usual: (u32, u32)) -> (u32, u32) {
     let (most, threads) = pair;
     match usual {
         (1, t) if work <= t as usize => (1, lamport_block(work, t)),
         _ if world == 2 && work <= (most * threads) as usize => {
-            (blocks(work, threads, most), threads)
+            let narrow = PAIR_LAMPORT_THREADS.min(threads);
+            let t = if work <= (most * narrow) as usize {
+                narrow
+            } else {
+                threads
+            };
+            (blocks(work, t, most), t)
         }
         (1, t) => (1, lamport_block(work, t)),
         grid => grid,
@@ -92,9 +106,10 @@ pub const FLAGGED_FROM: usize = 12 << 10;
 /// [`FLAGGED_FROM`] between two ranks, whose Lamport push takes a vector per thread
 /// (in blocks of 128 threads). One H200, two ranks, graphs, medians of 3 (2026-12-04),
 /// Lamport against the flags: 12 KiB 6.37 / 7.12 us, 16 KiB 6.66 / 7.42, 32 KiB 7.66 /
-/// 8.60, 42 KB 8.47 / 9.35, 64 KiB 10.64 / 11.28 (streamed), 96 KiB 13.73 / 13.58, 128 KiB
-/// 16.81 / 14.71.
-pub const PAIR_FLAGGED_FROM: usize = 96 << 10;
+/// 8.60, 42 KB 8.47 / 9.35, 64 KiB 10.64 / 11.28 (streamed); since a large reset of the
+/// mailboxes waits for the polls (medians of 4, the two ranks sharing the GPU, so from 96
+/// KiB in blocks of 256), 96 KiB 12.96 / 13.51, 112 KiB 14.07 / 14.74, 128 KiB 15.62 / 14.77.
+pub const PAIR_FLAGGED_FROM: usize = 120 << 10;
 
 /// The least bytes a one-shot push over host memory among `world` ranks sends as data and
 /// then flags (below, by Lamport mailboxes), where every block of a two-rank Lamport push
@@ -150,8 +165,7 @@ impl PeerComm {
     /// a small message over more SMs; over host memory, a one-shot push by Lamport mailboxes
     /// whose one block holds every vector takes only the warps that hold them
     /// ([`lamport_block`]), and between two ranks a larger one takes a vector per thread in
-    /// blocks of [`PAIR_LAMPORT_THREADS`] where as many blocks stay resident beside the
-    /// peer's.
+    /// as many blocks as stay resident beside the peer's ([`host_lamport_grid`]).
     fn all_reduce_grid(&self, algorithm: Algorithm, work: usize) -> (u32, u32) {
         match (algorithm, self.spread_blocks) {
             (Algorithm::OneshotPush | Algorithm::OneshotPull, Some(spread)) => {
@@ -459,9 +473,11 @@ mod tests {
         // 12 KiB (768 vectors): six blocks between two, one block of 512 at four ranks.
         assert_eq!(grid(768, 2, 44, (1, 512)), (6, 128));
         assert_eq!(grid(768, 4, 44, (1, 512)), (1, 512));
-        // Too many blocks to stay resident: the usual grid.
-        assert_eq!(grid(6144, 2, 44, (3, 512)), (3, 512));
+        // 96 KiB (6144 vectors): blocks of 128 where 48 stay resident, else of 256.
         assert_eq!(grid(6144, 2, 128, (3, 512)), (48, 128));
+        assert_eq!(grid(6144, 2, 44, (3, 512)), (24, 256));
+        // Too many blocks of 256 to stay resident: the usual grid.
+        assert_eq!(grid(12288, 2, 44, (6, 512)), (6, 512));
         // A configured block smaller than 128 threads stays the bound.
         assert_eq!(grid(2688, 2, 44, (42, 64)), (42, 64));
     }
@@ -473,8 +489,14 @@ mod tests {
             flags_from(2, pair_lamport_bound(128, 512)),
             PAIR_FLAGGED_FROM
         );
-        // Two ranks sharing a GPU (44 resident blocks): 5632 vectors, 88 KiB.
-        assert_eq!(flags_from(2, pair_lamport_bound(44, 512)), 88 << 10);
+        // Two ranks sharing a GPU (44 resident blocks of up to 256 threads): 11264 vectors,
+        // beyond the crossing.
+        assert_eq!(
+            flags_from(2, pair_lamport_bound(44, 512)),
+            PAIR_FLAGGED_FROM
+        );
+        // Fewer resident blocks: 20 of 256 threads, 80 KiB.
+        assert_eq!(flags_from(2, pair_lamport_bound(20, 512)), 80 << 10);
         // Never below where the flags start at more ranks.
         assert_eq!(flags_from(2, pair_lamport_bound(1, 4)), FLAGGED_FROM);
         assert_eq!(flags_from(4, pair_lamport_bound(128, 512)), FLAGGED_FROM);

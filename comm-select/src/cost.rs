@@ -150,7 +150,7 @@ impl FabricParams {
 /// NCCL's side is calibrated on two H200s with P2P forced off (`NCCL_P2P_DISABLE=1`, CUDA
 /// graphs, bf16; benchmarks/history/2026-11-30.md, "Without peer access"): 9.1 us at 8 B,
 /// 13.9 at 42 KB, 34.8 at 256 KiB, 61.4 at 1 MiB, 165 at 4 MiB, 598 at 16 MiB. Ours on the
-/// host-mapped kernels, one-shot push by Lamport mailboxes below 96 KiB at two ranks, by
+/// host-mapped kernels, one-shot push by Lamport mailboxes below 120 KiB at two ranks, by
 /// data and flags streamed in chunks beyond (BENCHMARKS.md, "Host memory on one GPU",
 /// 2026-12-04 14:54): 3.9 us at 8 B, 7.9 at 42 KB, 21.2 at 256 KiB, 36.2 at 512 KiB, 63.5 at
 /// 1 MiB, measured with both ranks on one H200, whose one link then carries both ranks'
