@@ -57,7 +57,7 @@ const PAIR_LAMPORT_THREADS: u32 = 128;
 
 /// Threads of each block of a two-rank Lamport push over host memory whose message needs
 /// more blocks of [`PAIR_LAMPORT_THREADS`] than stay resident beside the peer's (two ranks
-/// sharing one GPU, from 88 KiB): still a vector per thread, in blocks twice as large. One
+/// sharing one GPU, above 88 KiB): still a vector per thread, in blocks twice as large. One
 /// H200, two ranks sharing it, graphs, medians of 4 (2026-12-04), against the flags: 96 KiB
 /// 12.96 / 13.51 us, 112 KiB 14.07 / 14.74, 128 KiB 15.62 / 14.77.
 const PAIR_LAMPORT_WIDE_THREADS: u32 = 256;
