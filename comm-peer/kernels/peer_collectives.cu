@@ -198,8 +198,8 @@ __device__ void peer_oneshot_lamport(const PeerArgs& a, const PeerCtx& c, uint64
     for (uint64_t v = v0 + peer_stride(); v < nvec; v += peer_stride())
         send(v, peer_sanitize<DT>(peer_load_user<DT>(a.input, v, a.count, aligned)));
     peer_trace_sent(a, c);
-    // A large reset waits for the first wait (peer_resets_late) where that is each thread's
-    // last: a vector each.
+    // A large reset goes after the first wait (peer_resets_late), but only where that wait
+    // is every thread's last (a vector each): later polls would queue behind it.
     const bool late = nvec <= peer_stride() && peer_resets_late(a, c);
     if (!late) peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
     if constexpr (LOCAL) {

@@ -104,7 +104,7 @@ fn host_lamport_grid(work: usize, world: usize, pair: (u32, u32), usual: (u32, u
 pub const FLAGGED_FROM: usize = 12 << 10;
 
 /// [`FLAGGED_FROM`] between two ranks, whose Lamport push takes a vector per thread
-/// (in blocks of 128 threads). One H200, two ranks, graphs, medians of 3 (2026-12-04),
+/// (in blocks of 128 threads, or of 256 where those would not all stay resident). One H200, two ranks, graphs, medians of 3 (2026-12-04),
 /// Lamport against the flags: 12 KiB 6.37 / 7.12 us, 16 KiB 6.66 / 7.42, 32 KiB 7.66 /
 /// 8.60, 42 KB 8.47 / 9.35, 64 KiB 10.64 / 11.28 (streamed); since a large reset of the
 /// mailboxes waits for the polls (medians of 4, the two ranks sharing the GPU, so from 96
