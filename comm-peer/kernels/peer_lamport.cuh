@@ -9,25 +9,54 @@
 // round trip later: with the looks interleaved (as ptxas keeps them around volatile loads),
 // one poll of 7 peers on one H200 took 1.54 us instead of one round trip.
 
+// A load that travels with every round of a poll (peer_settle) until it is settled: none
+// (PeerNoSide), or a peer's call digest (PeerDigestSide).
+struct PeerNoSide {
+    __device__ __forceinline__ void issue() {}
+    __device__ __forceinline__ bool settled() { return true; }
+    __device__ __forceinline__ uint32_t peer() const { return 0; }
+};
+
+// Peer p's call digest, its first load in `line` already; `seen` gets peer_judge_digest's
+// verdict (0 while the digest has not come; start at 1 for a thread that has none to wait for).
+struct PeerDigestSide {
+    const PeerArgs* a;
+    const PeerCtx* c;
+    uint32_t p;
+    uint4* line;
+    int* seen;
+    __device__ __forceinline__ void issue() {
+        if (*seen == 0) *line = peer_ld_volatile(peer_digest_of(*a, *c, p));
+    }
+    __device__ __forceinline__ bool settled() {
+        if (*seen == 0) *seen = peer_judge_digest(*a, *c, *line);
+        return *seen != 0;
+    }
+    __device__ __forceinline__ uint32_t peer() const { return p; }
+};
+
 // Reloads the slots in `pending` (bit i: slot i, at slot(i)) until none holds the sentinel,
-// bounded. `peer_of(i)` names the rank slot i waits for; with `look_at_calls`, a wait that
-// lasts also looks at that rank's call, since a peer making another call may never send
-// this data (say so, not a timeout). False when the block must stop.
-template <int DT, typename Slot, typename PeerOf>
+// bounded, and `side` with them until it is settled. `peer_of(i)` names the rank slot i
+// waits for; with `look_at_calls`, a wait that lasts also looks at that rank's call, since a
+// peer making another call may never send this data (say so, not a timeout). False when
+// the block must stop.
+template <int DT, typename Slot, typename PeerOf, typename Side = PeerNoSide>
 __device__ __forceinline__ bool peer_settle(const PeerArgs& a, const PeerCtx& c, uint4* s, uint32_t pending,
-                                            Slot slot, PeerOf peer_of, bool look_at_calls, uint32_t phase) {
-    if (!pending) return true;
+                                            Slot slot, PeerOf peer_of, bool look_at_calls, uint32_t phase,
+                                            Side side = {}) {
+    if (!pending && side.settled()) return true;
     const uint64_t start = peer_now();
     uint32_t spins = 0;
     while (true) {
 #pragma unroll
         for (int i = 0; i < PEER_MAX_RANKS; ++i)
             if (pending & (1u << i)) s[i] = peer_ld_volatile(slot(i));
+        side.issue();
 #pragma unroll
         for (int i = 0; i < PEER_MAX_RANKS; ++i)
             if ((pending & (1u << i)) && !peer_has_sentinel<DT>(s[i])) pending &= ~(1u << i);
-        if (!pending) return true;
-        const uint32_t late = peer_of(__ffs(pending) - 1);
+        if (side.settled() && !pending) return true;
+        const uint32_t late = pending ? peer_of(__ffs(pending) - 1) : side.peer();
         if (look_at_calls && (spins & 255) == 128 && peer_look_at_call(a, c, late, peer_call_of(a, c, late)) < 0)
             return false;
         if (peer_give_up(a, c, start, spins, PEER_TIMEOUT_LAMPORT, phase, late)) return false;
@@ -37,9 +66,9 @@ __device__ __forceinline__ bool peer_settle(const PeerArgs& a, const PeerCtx& c,
 // Fills w[p] with vector v of every sender p's slot (slot p at box(p): this rank's mailbox
 // for push, the peer's own slot where ranks share a device), waiting until none holds the
 // sentinel; w[skip] = own. On give-up *c.dead is set.
-template <int DT, typename Box>
+template <int DT, typename Box, typename Side = PeerNoSide>
 __device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, Box box, uint32_t skip, uint4 own,
-                                          uint64_t v, uint4* w, uint32_t phase) {
+                                          uint64_t v, uint4* w, uint32_t phase, Side side = {}) {
     const auto slot = [&](int p) { return reinterpret_cast<const uint4*>(box((uint32_t)p)) + v; };
     uint32_t pending = 0;
     if (a.world <= 2) {
@@ -67,15 +96,15 @@ __device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, B
             }
         }
     }
-    peer_settle<DT>(a, c, w, pending, slot, [](int p) { return (uint32_t)p; }, true, phase);
+    peer_settle<DT>(a, c, w, pending, slot, [](int p) { return (uint32_t)p; }, true, phase, side);
 }
 
-// The first wait of a push kernel, with the comparison of the calls folded in: thread p
-// waits for peer p's call digest (a peer stores it before its data, so this costs no round
-// trip of its own, and nothing of it stays live through the data's wait), then every
+// The first wait of a push kernel, with the comparison of the calls folded in: every
 // thread with a vector (`have`) waits for vector v of every peer's slot as peer_poll does
 // (the wait notices a peer making another call, whose data may never come, by the whole
-// call). Every thread of the block calls it (it ends with __syncthreads); false
+// call), and thread p, the checker of peer p, polls peer p's call digest in the same
+// rounds (a peer stores it first thing), so that the comparison adds no round trip of its
+// own; a checker without a vector waits for the digest alone. Every thread of the block calls it (it ends with __syncthreads); false
 // when the block must stop. Where the regions are host memory only block 0 compares the
 // calls: the caller then calls peer_share_agreement before it writes output, once it has
 // reduced w (so that the ranks' vectors are not live across that wait).
@@ -83,14 +112,22 @@ template <int DT, typename Box>
 __device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, Box box, bool have, uint4 own, uint64_t v,
                                    uint4* w) {
     // The checkers are warp 1 where there is one, so that their loads do not queue ahead of
-    // warp 0's first polls.
+    // warp 0's first polls. Waiting for the digest before polling held their whole warp a
+    // round trip, and every block waits for block 0's verdict: over host memory, one H200,
+    // two ranks, 1 KiB took 4.8 us that way and 3.7 this way, 42 KB 8.1 and 7.6. The first
+    // digest load is the whole warp's (lanes past the peers load some peer's line and drop
+    // it): issued by the checkers alone, in a branch, it still cost 1 KiB half of that.
     const uint32_t p = blockDim.x >= 64 ? threadIdx.x - 32u : threadIdx.x;
     const bool checker = peer_compares_calls(a) && p < a.world && p != a.rank && !*c.dead;
-    if (checker) peer_await_call(a, c, p);
+    const bool checker_warp = peer_compares_calls(a) && (blockDim.x < 64 || threadIdx.x / 32u == 1u);
+    uint4 digest{};
+    int seen = checker ? 0 : 1;
+    if (checker_warp) digest = peer_ld_volatile(peer_digest_of(a, c, p % a.world));
     if (have) {
-        peer_poll<DT>(a, c, box, a.rank, own, v, w, 0);
+        peer_poll<DT>(a, c, box, a.rank, own, v, w, 0, PeerDigestSide{&a, &c, p, &digest, &seen});
         if (threadIdx.x == 0) peer_trace_seen(a, c);
     }
+    if (checker && !*c.dead && seen != 1) peer_await_call_from(a, c, p, digest);
     __syncthreads();
     peer_trace_waited(a, c);
     return !*c.dead;

@@ -156,6 +156,7 @@ struct PeerArgs {
     uint32_t host;            // the regions are host memory mapped into the devices
     uint32_t writers;         // one-shot push over host memory by data and flags: writer blocks (0: Lamport)
     uint32_t call[PEER_CALL_WORDS + 1];  // this call, as every rank must see it (last word unused)
+    uint64_t call_digest;     // its 64-bit digest (comm_peer::calls::digest), what peers compare first
 };
 
 // ---------------------------------------------------------------------------------------
@@ -318,17 +319,9 @@ __device__ bool peer_wait_signal(const PeerArgs& a, const PeerCtx& c, uint32_t p
 // ---------------------------------------------------------------------------------------
 // Agreement on the call (see top).
 
-// A 64-bit digest of this rank's call (its words mixed in turn, each step invertible, so
-// that calls differing in one word always differ).
-__device__ __forceinline__ uint64_t peer_call_digest(const PeerArgs& a) {
-    uint64_t h = 0x9e3779b97f4a7c15ull;
-#pragma unroll
-    for (int i = 0; i < PEER_CALL_WORDS; ++i) {
-        h = (h ^ a.call[i]) * 0xff51afd7ed558ccdull;
-        h ^= h >> 29;
-    }
-    return h;
-}
+// This rank's call digest, computed by the host with each launch (the words mixed in
+// turn, each step invertible, so that calls differing in one word always differ).
+__device__ __forceinline__ uint64_t peer_call_digest(const PeerArgs& a) { return a.call_digest; }
 
 // Stores this rank's call digest, then its call, into its slots of every peer's pad: block
 // 0, thread p for peer p.
@@ -442,11 +435,11 @@ __device__ __forceinline__ int peer_judge_digest(const PeerArgs& a, const PeerCt
 
 // Waits (bounded) until peer p's call digest is there and compares it with this rank's;
 // where they differ, the whole calls (stored after the digest), once: inlined at every
-// look, that comparison held registers there (and spilled). False when the calls differ
-// (recorded) or a wait gave up.
-__device__ bool peer_await_call(const PeerArgs& a, const PeerCtx& c, uint32_t p) {
+// look, that comparison held registers there (and spilled). `first`: the digest line,
+// loaded already. False when the calls differ (recorded) or a wait gave up.
+__device__ bool peer_await_call_from(const PeerArgs& a, const PeerCtx& c, uint32_t p, uint4 first) {
     const uint4* line = peer_digest_of(a, c, p);
-    int seen = peer_judge_digest(a, c, peer_ld_volatile(line));
+    int seen = peer_judge_digest(a, c, first);
     if (seen == 0) {
         const uint64_t start = peer_now();
         uint32_t spins = 0;
@@ -455,6 +448,10 @@ __device__ bool peer_await_call(const PeerArgs& a, const PeerCtx& c, uint32_t p)
         }
     }
     return seen == 1 || peer_await_call_words(a, c, p);
+}
+
+__device__ __forceinline__ bool peer_await_call(const PeerArgs& a, const PeerCtx& c, uint32_t p) {
+    return peer_await_call_from(a, c, p, peer_ld_volatile(peer_digest_of(a, c, p)));
 }
 
 // Spins until `word` of this rank's PeerState (device memory, written by another block of

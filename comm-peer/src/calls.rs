@@ -30,6 +30,18 @@ pub(crate) fn encode(call: &CallDescriptor, plan: &[u8]) -> CallWords {
     words
 }
 
+/// The 64-bit digest of a call's words (`PeerArgs::call_digest`) that peers compare before
+/// the words themselves: each word mixed in turn by steps that are each invertible, so
+/// that calls differing in one word always differ (the padding word is left out).
+pub(crate) fn digest(words: &CallWords) -> u64 {
+    words[..CALL_WORDS]
+        .iter()
+        .fold(0x9e37_79b9_7f4a_7c15, |h: u64, &w| {
+            let h = (h ^ u64::from(w)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+            h ^ (h >> 29)
+        })
+}
+
 /// A readable account of words from the status: the call and, for an all-reduce, the
 /// algorithm and zero-copy offset.
 pub(crate) fn describe(words: &[u32]) -> String {
@@ -88,6 +100,26 @@ mod tests {
         let said = describe(&b);
         assert!(said.contains("262144 x") && said.contains("f32"), "{said}");
         assert!(said.contains(&Algorithm::TwoshotPush.to_string()), "{said}");
+    }
+
+    #[test]
+    fn digests_tell_calls_differing_in_any_one_word_apart() {
+        let plan = [Algorithm::OneshotPush as u8, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let words = encode(&call(21_504, DType::BF16), &plan);
+        let mine = digest(&words);
+        assert_eq!(mine, digest(&words));
+        for i in 0..CALL_WORDS {
+            for bit in [0, 1, 17, 31] {
+                let mut other = words;
+                other[i] ^= 1 << bit;
+                assert_ne!(digest(&other), mine, "word {i}, bit {bit}");
+            }
+        }
+        // The padding word is not part of the call.
+        let mut padded = words;
+        padded[CALL_WORDS] = 7;
+        assert_eq!(digest(&padded), mine);
+        assert_ne!(digest(&REJECTED), mine);
     }
 
     #[test]

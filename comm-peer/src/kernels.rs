@@ -14,7 +14,7 @@ use comm_core::cuda::{KernelCache, KernelSource, driver_error, launch_overlappin
 use comm_core::{DType, Error, RawStream, ReduceOp, Result};
 
 use crate::algorithm::Algorithm;
-use crate::calls::CallWords;
+use crate::calls::{self, CallWords};
 use crate::residency::{Overlap, Residency};
 
 /// Every kernel of the layer as one NVRTC program: the headers are prepended, so no
@@ -79,6 +79,9 @@ pub(crate) struct PeerArgs {
     pub writers: u32,
     /// The call every rank must make alike ([`crate::calls`]), compared on the device.
     pub call: CallWords,
+    /// Its digest ([`crate::calls::digest`]), set by [`Kernels::launch`]: what peers
+    /// compare first, so that no thread of the kernel hashes the call.
+    pub call_digest: u64,
 }
 
 /// A reducing kernel, per dtype and op: an all-reduce of an algorithm, the one-shot push
@@ -277,7 +280,10 @@ impl Kernels {
     ) -> Result<()> {
         let f = self.function(name)?;
         self.ctx.bind_to_thread().map_err(driver_error)?;
-        let mut args = *args;
+        let mut args = PeerArgs {
+            call_digest: calls::digest(&args.call),
+            ..*args
+        };
         let mut params = [&mut args as *mut PeerArgs as *mut c_void];
         if !self.overlap.admits(stream, blocks, threads) {
             // SAFETY: the function comes from a module loaded into this context; its one
