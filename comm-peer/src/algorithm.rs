@@ -7,6 +7,15 @@ use comm_core::{Error, Result, TrafficPattern};
 
 use crate::comm::COPIES_FROM;
 
+/// The largest all-reduce that two ranks with a GPU each send by one-shot push where the
+/// regions are host memory; larger ones go by two-shot push (then, beyond the mailboxes,
+/// pull). Two H200s, host-mapped regions, graphs, bf16, 2 runs (2026-12-04), one-shot push
+/// / two-shot push / copies, us: 256 KiB 19.4 / 25.5 / 83.4, 512 KiB 29.6 / 41.0 / 92.5,
+/// 1 MiB 47.7 / 74.3 / 110.3, 2 MiB 129.0 / 82.1 / 217.0, 4 MiB 251.0 / 154.7 / 359.2
+/// (eager 50.7-51.5 / 78.9-79.2 / 79.7-81.1 at 1 MiB, 255.1 / 158.5-159.4 / 207.0-208.0 at
+/// 4 MiB). Ranks that share a GPU keep one-shot push up to the mailboxes (measured there).
+pub const HOST_PAIR_ONESHOT_MAX: usize = 1 << 20;
+
 /// One all-reduce algorithm over peer memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
@@ -121,7 +130,11 @@ impl Algorithm {
             let auto = Algorithm::auto(memory.world, bytes);
             if memory.host && memory.sharing == 1 && bytes >= COPIES_FROM {
                 Algorithm::OneshotCopy
-            } else if memory.host && memory.world == 2 && bytes <= memory.mailbox {
+            } else if memory.host
+                && memory.world == 2
+                && bytes <= memory.mailbox
+                && (memory.sharing > 1 || bytes <= HOST_PAIR_ONESHOT_MAX)
+            {
                 // Two ranks move the same bytes in one shot as in two, and one-shot push
                 // over host memory streams them with one flag trip (one H200, two ranks,
                 // graphs: 1 MiB 63.6 us against 74.8 for two-shot pull).
@@ -279,7 +292,17 @@ mod tests {
         let resolve = |bytes, host, sharing| Algorithm::resolve(None, bytes, memory(host, sharing));
         assert_eq!(resolve(COPIES_FROM, true, 1), Algorithm::OneshotCopy);
         assert_eq!(resolve(64 * MIB, true, 1), Algorithm::OneshotCopy);
-        assert_eq!(resolve(COPIES_FROM - 16, true, 1), Algorithm::OneshotPush);
+        // Below the copies, a GPU each: one-shot push, then two-shot push, then pull.
+        assert_eq!(resolve(COPIES_FROM - 16, true, 1), Algorithm::TwoshotPull);
+        assert_eq!(resolve(8 * MIB, true, 1), Algorithm::TwoshotPush);
+        assert_eq!(
+            resolve(HOST_PAIR_ONESHOT_MAX + 16, true, 1),
+            Algorithm::TwoshotPush
+        );
+        assert_eq!(
+            resolve(HOST_PAIR_ONESHOT_MAX, true, 1),
+            Algorithm::OneshotPush
+        );
         assert_eq!(resolve(42 << 10, true, 1), Algorithm::OneshotPush);
         // Ranks sharing a device through host memory: one-shot push, then two-shot pull,
         // never copies.

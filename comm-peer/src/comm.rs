@@ -29,11 +29,13 @@ use crate::scratch::Scratch;
 use crate::source::PeerSource;
 use crate::zero_copy::{PeerBuffer, Registry};
 
-/// The smallest message that goes by copies where the regions are host memory: where the
-/// copies caught up with the host-memory kernels on one H200 with two ranks (graphs, 1 MiB:
-/// 145 us both; 256 KiB: copies 84 us, kernels 60 us; 64 MiB: copies 3.9 ms, kernels
-/// 8.0 ms; benchmarks/history/2026-12-01.md). Not yet measured with one GPU per rank.
-pub const COPIES_FROM: usize = 1 << 20;
+/// The smallest message that goes by copies where the regions are host memory and every
+/// rank has a GPU of its own. On two H200s (2026-12-04, graphs) the copies lost to the
+/// kernels at every size measured, up to 4 MiB (359 us against 155 for two-shot push;
+/// [`crate::algorithm::HOST_PAIR_ONESHOT_MAX`] has the figures); on one H200 with two
+/// ranks the kernels of 2026-12-01 took 8.0 ms at 64 MiB against the copies' 3.9. Between
+/// 4 and 16 MiB not measured with a GPU per rank.
+pub const COPIES_FROM: usize = 16 << 20;
 
 /// One rank of a communicator over peer memory (see the crate docs).
 ///
@@ -266,10 +268,13 @@ impl PeerComm {
     /// 4.61), or where the regions are host memory, whose one-shot push moves every byte
     /// across the link once each way (one H200, 2 ranks, graphs: 42 KB 11.3-12.4 us against
     /// 13.2-13.6 for pull, 256 KiB 27.8-28.3 against 30.6-30.8 for two-shot pull). And where the
-    /// regions are host memory and every rank has a device of its own, messages of
-    /// [`COPIES_FROM`] bytes and more go by copies ([`Algorithm::OneshotCopy`]); not where
-    /// ranks share a device, whose copies all meet in its copy engines and in CUDA graphs
-    /// can wait on each other.
+    /// regions are host memory and every rank has a device of its own, two ranks push one
+    /// shot only up to [`HOST_PAIR_ONESHOT_MAX`] bytes (two-shot push beyond), and messages
+    /// of [`COPIES_FROM`] bytes and more go by copies ([`Algorithm::OneshotCopy`]); not
+    /// where ranks share a device, whose copies all meet in its copy engines and in CUDA
+    /// graphs can wait on each other.
+    ///
+    /// [`HOST_PAIR_ONESHOT_MAX`]: crate::algorithm::HOST_PAIR_ONESHOT_MAX
     pub fn algorithm_for(&self, bytes: usize) -> Algorithm {
         Algorithm::resolve(self.algorithm.get(), bytes, self.memory())
     }
