@@ -155,10 +155,13 @@ impl FabricParams {
 /// 2026-12-04 14:54): 3.9 us at 8 B, 7.9 at 42 KB, 21.2 at 256 KiB, 36.2 at 512 KiB, 63.5 at
 /// 1 MiB, measured with both ranks on one H200, whose one link then carries both ranks'
 /// traffic (at 1 MiB 1.06-1.11x the least time in which host-probe moved that traffic both ways
-/// at once); the two-GPU comparison is still to be run. So
-/// the model takes our kernels up to 512 KiB at two ranks and NCCL from 1 MiB, where the two
-/// measured within 4% of each other. A tuning table measured on the machine beats the model
-/// anyway.
+/// at once). So the model takes our kernels up to 512 KiB at two ranks and NCCL from 1 MiB,
+/// where the two measured within 4% of each other. Two H200s, one rank each (2026-12-04,
+/// BENCHMARKS.md "Without peer access, two H200s") since measured ours ahead up to 4 MiB:
+/// 6.6 us at 42 KB against 14.3, 1 MiB 47.7 against 62.2 (one-shot push), 4 MiB 154.7
+/// against 167.1 (two-shot push); not refit yet, since its one kernel efficiency prices
+/// more ranks too, not measured without P2P. A tuning table measured on the machine beats
+/// the model anyway.
 ///
 /// Every byte crosses PCIe twice: its sender's kernel writes it into host memory, its
 /// receiver's kernel reads it back over its own link.
