@@ -104,10 +104,11 @@ __device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, B
 // (the wait notices a peer making another call, whose data may never come, by the whole
 // call), and thread p, the checker of peer p, polls peer p's call digest in the same
 // rounds (a peer stores it first thing), so that the comparison adds no round trip of its
-// own; a checker without a vector waits for the digest alone. Every thread of the block calls it (it ends with __syncthreads); false
-// when the block must stop. Where the regions are host memory only block 0 compares the
-// calls: the caller then calls peer_share_agreement before it writes output, once it has
-// reduced w (so that the ranks' vectors are not live across that wait).
+// own; a checker without a vector waits for the digest alone. Every thread of the block
+// calls it (it ends with __syncthreads); false when the block must stop. Where the regions
+// are host memory only block 0 compares the calls: the caller then calls
+// peer_share_agreement before it writes output, once it has reduced w (so that the ranks'
+// vectors are not live across that wait).
 template <int DT, typename Box>
 __device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, Box box, bool have, uint4 own, uint64_t v,
                                    uint4* w) {
