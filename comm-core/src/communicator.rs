@@ -123,7 +123,9 @@ pub struct Capabilities {
     pub graph_capture_safe: bool,
     /// Named algorithms the backend can be asked for.
     pub algorithms: Vec<String>,
-    /// How the backend moves data when left to choose (`None`: unknown to cost models).
+    /// How the backend moves data when left to choose. `None` where that depends on the
+    /// call: selectors then price its own choice as its cheapest named algorithm (and none
+    /// without named patterns).
     pub pattern: Option<TrafficPattern>,
     /// How each named algorithm that has a known pattern moves data.
     pub algorithm_patterns: Vec<(String, TrafficPattern)>,

@@ -15,7 +15,7 @@
 //! 2x slower there; one-shot ~4 us on NVLink). A tuning table measured on the host
 //! always overrides the model.
 
-use crate::topology::{Fabric, Topology};
+use crate::topology::{Fabric, PciePath, Topology};
 use comm_core::Collective;
 
 /// How an algorithm moves data: declared by each backend in its
@@ -54,6 +54,25 @@ pub struct FabricParams {
 }
 
 impl FabricParams {
+    /// GPUs without P2P whose PCIe paths are mostly `path`: [`NO_P2P`], but for GPUs behind
+    /// one PCIe switch (PIX, PXB), whose traffic to and from host memory all crosses the
+    /// switch's one uplink, where every rank's reads of host memory contend as reads of
+    /// peers through a switch do ([`Fabric::Pcie`]'s switch and contention): so such GPUs
+    /// pay more through host memory than with P2P through that switch.
+    pub fn no_p2p(path: PciePath) -> Self {
+        match path {
+            PciePath::Pix | PciePath::Pxb => {
+                let switch = FabricParams::for_fabric(Fabric::Pcie);
+                FabricParams {
+                    shared_gbps: switch.shared_gbps,
+                    read_contention: switch.read_contention,
+                    ..NO_P2P
+                }
+            }
+            _ => NO_P2P,
+        }
+    }
+
     /// Estimates for `fabric`.
     pub fn for_fabric(fabric: Fabric) -> Self {
         match fabric {
@@ -146,41 +165,41 @@ impl FabricParams {
     }
 }
 
-/// GPUs without P2P (comm-symm's host-mapped backing; NCCL's shared-memory transport).
-/// NCCL's side is calibrated on two H200s with P2P forced off (`NCCL_P2P_DISABLE=1`, CUDA
-/// graphs, bf16; benchmarks/history/2026-11-30.md, "Without peer access"): 9.1 us at 8 B,
-/// 13.9 at 42 KB, 34.8 at 256 KiB, 61.4 at 1 MiB, 165 at 4 MiB, 598 at 16 MiB. Ours on the
-/// host-mapped kernels, one-shot push by Lamport mailboxes below 120 KiB at two ranks, by
-/// data and flags streamed in chunks beyond (BENCHMARKS.md, "Host memory on one GPU",
-/// 2026-12-04 14:54): 3.9 us at 8 B, 7.9 at 42 KB, 21.2 at 256 KiB, 36.2 at 512 KiB, 63.5 at
-/// 1 MiB, measured with both ranks on one H200, whose one link then carries both ranks'
-/// traffic (at 1 MiB 1.06-1.11x the least time in which host-probe moved that traffic both ways
-/// at once). So the model takes our kernels up to 512 KiB at two ranks and NCCL from 1 MiB,
-/// where the two measured within 4% of each other. Two H200s, one rank each (2026-12-04,
-/// BENCHMARKS.md "Without peer access, two H200s") since measured ours ahead up to 4 MiB:
-/// 6.6 us at 42 KB against 14.3, 1 MiB 47.7 against 62.2 (one-shot push), 4 MiB 154.7
-/// against 167.1 (two-shot push); not refit yet, since its one kernel efficiency prices
-/// more ranks too, not measured without P2P. A tuning table measured on the machine beats
-/// the model anyway.
+/// GPUs without P2P (comm-symm's host-mapped backing; NCCL's shared-memory transport), each
+/// on its own root port (PCIe paths PHB, NODE, SYS, or not known): every byte crosses PCIe
+/// twice, its sender's kernel writing it into host memory, its receiver's kernel reading it
+/// back over its own link; GPUs behind one PCIe switch share its uplink for both
+/// ([`FabricParams::no_p2p`]).
 ///
-/// Every byte crosses PCIe twice: its sender's kernel writes it into host memory, its
-/// receiver's kernel reads it back over its own link.
+/// Calibrated on two H200s, one rank each, P2P off, CUDA graphs, bf16 (2026-12-04;
+/// BENCHMARKS.md, "Without peer access, two H200s"), in the same run: NCCL (its
+/// shared-memory transport, `NCCL_P2P_DISABLE=1`) 9.4 us at 8 B, 14.3 at 42 KB, 34.9 at 256
+/// KiB, 62.2 at 1 MiB, 167.1 at 4 MiB (598 at 16 MiB on 2026-11-30); ours,
+/// one-shot push 4.0 us at 8 B, 6.6 at 42 KB, 19.6 at 256 KiB, 29.6 at 512 KiB, 47.7 at 1 MiB,
+/// two-shot push 82.1 at 2 MiB and 154.7 at 4 MiB. So the model takes our kernels up to 4 MiB
+/// at two ranks (where the two were 7% apart, which it calls a tie) and NCCL beyond. Each
+/// rank's link is what limits two ranks: their host memory carried ~56 GB/s each way. More
+/// ranks were not measured without P2P; a tuning table measured on the machine beats the
+/// model anyway.
 pub const NO_P2P: FabricParams = FabricParams {
-    // One-shot push of a few bytes: 4.0-4.4 us (medians of 3 runs, graphs).
+    // One-shot push of a few bytes: 3.8-4.0 us (graphs); one-shot pull (a barrier more) was
+    // ~1.9 us slower on one H200.
     launch_us: 4.5,
-    // One-shot pull (a barrier more) is ~1.9 us slower there (8.2-8.8 us).
     barrier_us: 1.9,
-    // What PCIe through host memory carries (NCCL from 1 MiB).
+    // What PCIe through host memory carries: NCCL's bulk protocol from 1 MiB, and our
+    // two-shot push at 4 MiB (28.3 GB/s past its launch).
     write_gbps: 28.0,
     read_gbps: 28.0,
-    // Every rank's bytes meet in host memory (its root complex and controller): not
-    // measured beyond two ranks; a PCIe 5 link carried ~50 GB/s each way (copy-probe).
+    // Where every rank's bytes meet on the host (root complex, memory, the sockets' link):
+    // not measured beyond two ranks, which it does not limit. Each rank reads over its own
+    // root port, so readers are not taken to slow each other there.
     shared_gbps: Some(60.0),
-    read_contention: 0.25,
-    // One-shot push: 4.5 us + 42 KB in ~4.0 us, 256 KiB in ~16.8, 1 MiB in ~59 (18 GB/s);
-    // small messages pay a fixed cost beyond the launch (flag trips) that this linear model
-    // has not, so 0.53 (14.8 GB/s) keeps 42 KB (-12%) and 1 MiB (+18%) within 25%.
-    kernel_efficiency: 0.53,
+    read_contention: 0.0,
+    // One-shot push, 42 KB to 1 MiB past the launch: 21 GB/s at 42 KB, 17 at 256 KiB (chunks
+    // written and read in turn: the first one's write, fence and read are not overlapped,
+    // which this linear model has not), 24 at 1 MiB; two-shot push 27 at 2 MiB and 28 at 4
+    // MiB. 0.9 (25.2 GB/s) keeps 8 B to 4 MiB within -24%..+13%.
+    kernel_efficiency: 0.9,
     // Two ranks, low-latency protocol: 5.5 + 2 steps x 2.0 = 9.5 us, then ~9.8 GB/s (13.9 us
     // at 42 KB, ~36 at 256 KiB).
     ring_launch_us: 5.5,
@@ -233,12 +252,17 @@ enum Access {
 }
 
 impl CostModel {
-    /// A model of `topology` with the estimates of its fabric.
+    /// A model of `topology` with the estimates of its fabric (without P2P, of its
+    /// dominant PCIe path: [`FabricParams::no_p2p`]).
     pub fn new(topology: &Topology) -> Self {
         let fabric = topology.fabric();
+        let params = match fabric {
+            Fabric::NoP2p => FabricParams::no_p2p(topology.dominant_pcie_path()),
+            other => FabricParams::for_fabric(other),
+        };
         CostModel {
             fabric,
-            params: FabricParams::for_fabric(fabric),
+            params,
             world: topology.world_size(),
         }
     }
@@ -309,6 +333,12 @@ impl CostModel {
         }
         let peer_memory = !matches!(self.fabric, Fabric::MultiNode);
         let ranks = self.world;
+        // Without P2P what a rank pushes reaches its peer only once the peer's kernel reads
+        // it back from host memory.
+        let pushed = || match self.fabric {
+            Fabric::NoP2p => Access::Read { concurrent: ranks },
+            _ => Access::Write,
+        };
         Some(match pattern {
             TrafficPattern::OneShotPull if peer_memory => {
                 p.launch_us
@@ -330,10 +360,10 @@ impl CostModel {
                     )
             }
             TrafficPattern::OneShotPush if peer_memory => {
-                p.launch_us + self.transfer((n - 1.0) * s, n * (n - 1.0) * s, Access::Write)
+                p.launch_us + self.transfer((n - 1.0) * s, n * (n - 1.0) * s, pushed())
             }
             TrafficPattern::TwoShotPush if peer_memory => {
-                let half = self.transfer((n - 1.0) / n * s, (n - 1.0) * s, Access::Write);
+                let half = self.transfer((n - 1.0) / n * s, (n - 1.0) * s, pushed());
                 p.launch_us + p.barrier_us + 2.0 * half
             }
             TrafficPattern::Ring => {
@@ -458,45 +488,69 @@ mod tests {
             .unwrap()
     }
 
+    /// Two H200s, one rank each, P2P off, CUDA graphs, bf16, 2026-12-04 (BENCHMARKS.md,
+    /// "Without peer access, two H200s"; 16 MiB NCCL of 2026-11-30): (pattern, bytes, us).
+    const NO_P2P_2: [(TrafficPattern, usize, f64); 14] = [
+        (Ring, 8, 9.4),
+        (Ring, KB42, 14.3),
+        (Ring, 256 << 10, 34.9),
+        (Ring, 1 << 20, 62.2),
+        (Ring, 4 << 20, 167.1),
+        (Ring, 16 << 20, 598.0),
+        (OneShotPush, 8, 3.97),
+        (OneShotPush, KB42, 6.56),
+        (OneShotPush, 64 << 10, 7.31),
+        (OneShotPush, 256 << 10, 19.59),
+        (OneShotPush, 512 << 10, 29.6),
+        (OneShotPush, 1 << 20, 47.7),
+        (TwoShotPush, 2 << 20, 82.1),
+        (TwoShotPush, 4 << 20, 154.7),
+    ];
+
     #[test]
-    fn without_p2p_ours_below_a_few_hundred_kib_and_nccl_beyond_as_measured() {
+    fn without_p2p_two_ranks_take_ours_up_to_4_mib_and_nccl_beyond_as_measured() {
         let model = CostModel::new(&Topology::uniform(2, Link::no_p2p(PciePath::Sys)));
         assert_eq!(model.fabric(), Fabric::NoP2p);
-        // The measured figures (graphs, bf16): the model stays within ~25% of them.
-        for (pattern, bytes, measured) in [
-            (Ring, 8, 9.1),
-            (Ring, KB42, 13.9),
-            (Ring, 256 << 10, 34.8),
-            (Ring, 1 << 20, 61.4),
-            (Ring, 16 << 20, 598.0),
-            (OneShotPush, 8, 3.8),
-            (OneShotPush, KB42, 9.3),
-            (OneShotPush, 256 << 10, 21.2),
-            (OneShotPush, 512 << 10, 36.0),
-            (OneShotPush, 1 << 20, 63.6),
-        ] {
+        // The model stays within 25% of what each pattern measured where it is our
+        // default (one-shot push to 1 MiB, two-shot push beyond), NCCL everywhere.
+        for (pattern, bytes, measured) in NO_P2P_2 {
             let predicted = us(&model, pattern, bytes);
             assert!(
                 (predicted / measured - 1.0).abs() < 0.25,
-                "{pattern:?} {bytes} B: predicted {predicted} us, measured {measured}"
+                "{pattern:?} {bytes} B: predicted {predicted:.1} us, measured {measured}"
             );
         }
-        // Two ranks: ours up to 512 KiB, NCCL from 1 MiB.
-        for bytes in [8, KB42, 256 << 10, 512 << 10] {
+        // Ours wherever it measured ahead (to 4 MiB), NCCL from 16 MiB.
+        for bytes in [8, KB42, 256 << 10, 1 << 20, 2 << 20, 4 << 20] {
             let (ours, which) = best_peer_pattern(&model, bytes);
             let nccl = us(&model, Ring, bytes);
             assert!(
                 ours < nccl,
-                "{bytes} B: {which:?} {ours} us vs NCCL {nccl} us"
+                "{bytes} B: {which:?} {ours:.1} us vs NCCL {nccl:.1} us"
             );
         }
-        for bytes in [1 << 20, 16 << 20, MB256] {
+        for bytes in [16 << 20, MB256] {
             let (ours, which) = best_peer_pattern(&model, bytes);
             let nccl = us(&model, Ring, bytes);
             assert!(
                 nccl < ours,
-                "{bytes} B: NCCL {nccl} us vs {which:?} {ours} us"
+                "{bytes} B: NCCL {nccl:.1} us vs {which:?} {ours:.1} us"
             );
+        }
+    }
+
+    #[test]
+    fn without_p2p_gpus_behind_one_switch_share_its_uplink() {
+        let model = |path, world| CostModel::new(&Topology::uniform(world, Link::no_p2p(path)));
+        for world in [2, 8] {
+            for bytes in [KB42, 1 << 20, 16 << 20] {
+                let (own_ports, _) = best_peer_pattern(&model(PciePath::Node, world), bytes);
+                let (switched, _) = best_peer_pattern(&model(PciePath::Pxb, world), bytes);
+                assert!(
+                    own_ports < switched,
+                    "{world} ranks, {bytes} B: {own_ports:.1} vs {switched:.1} us"
+                );
+            }
         }
     }
 

@@ -12,7 +12,9 @@
 //!   graph-replay times apart ([`Launch`]), which beat the model;
 //! - [`SelectComm`]: a [`comm_core::Communicator`] over several backends that routes each
 //!   call (forced choice > tuning table > cost model > first capable backend), makes the
-//!   same choice on every rank, and [`explains`](SelectComm::explain) it;
+//!   same choice on every rank, and [`explains`](SelectComm::explain) it; a forced choice or
+//!   a table may name a backend's algorithm, the model picks a backend that chooses its
+//!   own per call and leaves that choice to it;
 //! - [`auto`]: the factory that starts every backend of the build (features `nccl`, `ipc`,
 //!   `symm`, `cuda`) that starts on every rank, probes the topology and builds the selector.
 

@@ -342,10 +342,7 @@ impl SelectComm {
             .into_iter()
             .filter_map(|(i, a)| {
                 let name = self.backends[i].comm.name();
-                let pattern = self.backends[i].caps.pattern_of(a.as_deref())?;
-                let t = self
-                    .model
-                    .predict_collective(call.collective, pattern, call.bytes)?;
+                let t = self.predicted_us(call, i, a.as_deref())?;
                 Some(format!("{} {t:.1} us", label(name, a.as_deref())))
             })
             .collect();
@@ -366,6 +363,30 @@ impl SelectComm {
             out.push_str(&format!("; unavailable: {}", unavailable.join(", ")));
         }
         out
+    }
+
+    /// The cost model's time for `call` on member `index` with `algorithm`. A backend's own
+    /// choice (`None`), where the backend declares no pattern of its own (it picks among its
+    /// algorithms per call, by its own measured rules), costs what its cheapest algorithm
+    /// does: it comes before them among the candidates, so the model picks the backend and
+    /// leaves the algorithm to it. A linear model cannot tell algorithms that move the same
+    /// bytes apart where a backend's plans do (two ranks without P2P, two H200s: one-shot push
+    /// 129 us at 2 MiB against two-shot push's 82, both priced ~88 by the model).
+    fn predicted_us(&self, call: &CallInfo, index: usize, algorithm: Option<&str>) -> Option<f64> {
+        let caps = &self.backends[index].caps;
+        let predict = |pattern| {
+            self.model
+                .predict_collective(call.collective, pattern, call.bytes)
+        };
+        match (algorithm, caps.pattern) {
+            (None, None) => caps
+                .algorithms
+                .iter()
+                .filter(|name| *name != "auto")
+                .filter_map(|name| predict(caps.pattern_of(Some(name))?))
+                .min_by(f64::total_cmp),
+            _ => predict(caps.pattern_of(algorithm)?),
+        }
     }
 
     /// Every (backend, algorithm) that can do `call`: each backend's own choice (`None`)
@@ -499,11 +520,7 @@ impl SelectComm {
         let predicted = candidates
             .iter()
             .filter_map(|(i, a)| {
-                let pattern = self.backends[*i].caps.pattern_of(a.as_deref())?;
-                let t = self
-                    .model
-                    .predict_collective(call.collective, pattern, call.bytes)?;
-                Some(((*i, a.clone()), t))
+                Some(((*i, a.clone()), self.predicted_us(call, *i, a.as_deref())?))
             })
             .min_by(|x, y| x.1.total_cmp(&y.1));
         if let Some((c, t)) = predicted {
