@@ -8,12 +8,13 @@ use comm_core::{Error, Result, TrafficPattern};
 use crate::comm::COPIES_FROM;
 
 /// The largest all-reduce that two ranks with a GPU each send by one-shot push where the
-/// regions are host memory; larger ones go by two-shot push (then, beyond the mailboxes,
-/// pull). Two H200s, host-mapped regions, graphs, bf16, 2 runs (2026-12-04), one-shot push
-/// / two-shot push / copies, us: 256 KiB 19.4 / 25.5 / 83.4, 512 KiB 29.6 / 41.0 / 92.5,
-/// 1 MiB 47.7 / 74.3 / 110.3, 2 MiB 129.0 / 82.1 / 217.0, 4 MiB 251.0 / 154.7 / 359.2
-/// (eager 50.7-51.5 / 78.9-79.2 / 79.7-81.1 at 1 MiB, 255.1 / 158.5-159.4 / 207.0-208.0 at
-/// 4 MiB). Ranks that share a GPU keep one-shot push up to the mailboxes (measured there).
+/// regions are host memory; larger ones go by two-shot push, or, beyond the mailboxes (1 MiB
+/// in symm-cuda), pull. Two H200s, host-mapped regions, graphs, bf16, 2 runs (2026-12-04),
+/// one-shot push / two-shot push / copies, us: 256 KiB 19.4 / 25.5 / 83.4, 512 KiB 29.6 /
+/// 41.0 / 92.5, 1 MiB 47.7 / 74.3 / 110.3; beyond the mailboxes one-shot push ran as one-shot
+/// pull and two-shot push as two-shot pull: 2 MiB 129.0 / 82.1 / 217.0, 4 MiB 251.0 / 154.7 /
+/// 359.2 (eager 50.7-51.5 / 78.9-79.2 / 79.7-81.1 at 1 MiB, 255.1 / 158.5-159.4 / 207.0-208.0
+/// at 4 MiB). Ranks that share a GPU keep one-shot push up to the mailboxes (measured there).
 pub const HOST_PAIR_ONESHOT_MAX: usize = 1 << 20;
 
 /// One all-reduce algorithm over peer memory.
@@ -132,12 +133,14 @@ impl Algorithm {
                 Algorithm::OneshotCopy
             } else if memory.host
                 && memory.world == 2
-                && bytes <= memory.mailbox
+                && bytes <= memory.oneshot_push
                 && (memory.sharing > 1 || bytes <= HOST_PAIR_ONESHOT_MAX)
             {
                 // Two ranks move the same bytes in one shot as in two, and one-shot push
-                // over host memory streams them with one flag trip (one H200, two ranks,
-                // graphs: 1 MiB 63.6 us against 74.8 for two-shot pull).
+                // over host memory streams them with one flag trip, past the mailboxes too
+                // (one H200, two ranks, graphs, medians of 3: 1 MiB 63.6 us against 74.8 for
+                // two-shot pull; 2 MiB 122.7 against 140.9, 4 MiB 232.1 against 271.3, 8
+                // MiB 444.8 against 536.3).
                 Algorithm::OneshotPush
             } else if memory.sharing > 1
                 && !(auto == Algorithm::OneshotPush && (memory.one_device() || memory.host))
@@ -147,11 +150,12 @@ impl Algorithm {
                 auto
             }
         });
-        if chosen.is_push() && bytes > memory.mailbox {
-            chosen.pull()
-        } else {
-            chosen
-        }
+        let fits = match chosen {
+            Algorithm::OneshotPush => bytes <= memory.oneshot_push,
+            Algorithm::TwoshotPush => bytes <= memory.mailbox,
+            _ => true,
+        };
+        if fits { chosen } else { chosen.pull() }
     }
 
     /// True for the Lamport (write-into-peers) algorithms.
@@ -180,6 +184,9 @@ pub(crate) struct Memory {
     pub sharing: usize,
     /// Bytes per rank that a push message may hold (the mailboxes).
     pub mailbox: usize,
+    /// Bytes per rank that a one-shot push may hold: the mailboxes, or, over host memory,
+    /// also what goes as data and flags through a staging half.
+    pub oneshot_push: usize,
 }
 
 impl Memory {
@@ -284,6 +291,7 @@ mod tests {
             host,
             sharing,
             mailbox: 8 * MIB,
+            oneshot_push: 8 * MIB,
         }
     }
 
@@ -323,6 +331,7 @@ mod tests {
             host,
             sharing,
             mailbox: 8 * MIB,
+            oneshot_push: 8 * MIB,
         };
         let resolve = |bytes, m| Algorithm::resolve(None, bytes, m);
         for world in [2, 4, 8] {
@@ -341,6 +350,7 @@ mod tests {
         // Push too large for the mailboxes still pulls.
         let small_mailbox = Memory {
             mailbox: 16 << 10,
+            oneshot_push: 16 << 10,
             ..on(2, 2, false)
         };
         assert_eq!(resolve(42 << 10, small_mailbox), Algorithm::OneshotPull);
@@ -351,6 +361,32 @@ mod tests {
             assert!(!on(sharing.0, sharing.1, false).fused_pushes());
         }
         assert!(!on(2, 2, true).fused_pushes());
+    }
+
+    #[test]
+    fn over_host_memory_one_shot_push_outgrows_the_mailboxes_by_data_and_flags() {
+        // symm-cuda's defaults: 1 MiB mailboxes, 8 MiB staging halves.
+        let host = |sharing| Memory {
+            world: 2,
+            host: true,
+            sharing,
+            mailbox: MIB,
+            oneshot_push: 8 * MIB,
+        };
+        let resolve = |chosen, bytes, m| Algorithm::resolve(chosen, bytes, m);
+        // Two ranks on one GPU: one shot up to the staging halves, then two-shot pull.
+        for bytes in [MIB, 2 * MIB, 8 * MIB] {
+            assert_eq!(resolve(None, bytes, host(2)), Algorithm::OneshotPush);
+        }
+        assert_eq!(resolve(None, 8 * MIB + 16, host(2)), Algorithm::TwoshotPull);
+        // A GPU each: one shot to HOST_PAIR_ONESHOT_MAX, then two-shot (pull past the
+        // mailboxes).
+        assert_eq!(resolve(None, 2 * MIB, host(1)), Algorithm::TwoshotPull);
+        // A chosen one-shot push fits; a chosen two-shot push does not.
+        let push = Some(Algorithm::OneshotPush);
+        assert_eq!(resolve(push, 4 * MIB, host(1)), Algorithm::OneshotPush);
+        let twoshot = Some(Algorithm::TwoshotPush);
+        assert_eq!(resolve(twoshot, 4 * MIB, host(1)), Algorithm::TwoshotPull);
     }
 
     #[test]

@@ -74,12 +74,19 @@ pub(crate) struct Cut {
 impl Cut {
     /// An all-reduce by `algorithm`. Staged one-shot pull copies the part into a staging
     /// half; push writes it into Lamport slots (`lcap`; the two-shot slices fit `slice_cap`
-    /// then). Zero-copy one-shot pull stages nothing and reads the peers' buffers in place.
-    /// Two-shot pull runs whole in one launch, which moves it part after part
-    /// ([`twoshot_part`]).
-    pub(crate) fn all_reduce(layout: &Layout, algorithm: Algorithm, zero_copy: bool) -> Cut {
+    /// then), or over host memory (`host`) a one-shot push also as data and flags into a
+    /// staging half ([`Layout::oneshot_push_bytes`]). Zero-copy one-shot pull stages nothing
+    /// and reads the peers' buffers in place. Two-shot pull runs whole in one launch, which
+    /// moves it part after part ([`twoshot_part`]).
+    pub(crate) fn all_reduce(
+        layout: &Layout,
+        algorithm: Algorithm,
+        zero_copy: bool,
+        host: bool,
+    ) -> Cut {
         let limit = match (algorithm, zero_copy) {
-            (Algorithm::OneshotPush | Algorithm::TwoshotPush, _) => layout.lcap,
+            (Algorithm::OneshotPush, _) => layout.oneshot_push_bytes(host),
+            (Algorithm::TwoshotPush, _) => layout.lcap,
             (Algorithm::OneshotPull, false) => layout.cap,
             (Algorithm::OneshotPull, true) | (Algorithm::TwoshotPull, _) => WHOLE,
             (Algorithm::OneshotCopy, _) => copy_slot(layout),
@@ -210,9 +217,12 @@ mod tests {
     #[test]
     fn all_reduce_launches_fit_the_staging_and_the_mailboxes() {
         for layout in layouts() {
-            for algorithm in Algorithm::ALL {
+            for (algorithm, host) in Algorithm::ALL
+                .into_iter()
+                .flat_map(|a| [(a, false), (a, true)])
+            {
                 for zero_copy in [false, true] {
-                    let cut = Cut::all_reduce(&layout, algorithm, zero_copy);
+                    let cut = Cut::all_reduce(&layout, algorithm, zero_copy, host);
                     assert!(!cut.via_scratch);
                     for size in SIZES {
                         for bytes in sizes(&layout, size) {
@@ -227,9 +237,12 @@ mod tests {
                                     | (Algorithm::TwoshotPull, _) => {
                                         assert_eq!(c.bytes, bytes)
                                     }
-                                    (Algorithm::OneshotPush, _) => {
-                                        assert!(nvec * 16 <= layout.lcap)
-                                    }
+                                    // Over host memory beyond the mailboxes, data and
+                                    // flags: every peer's copy in a staging half.
+                                    (Algorithm::OneshotPush, _) => assert!(
+                                        nvec * 16 <= layout.lcap
+                                            || host && (layout.world - 1) * nvec * 16 <= layout.cap
+                                    ),
                                     (Algorithm::TwoshotPush, _) => {
                                         assert!(nvec * 16 <= layout.lcap);
                                         assert!(slice * 16 <= layout.slice_cap);
@@ -281,7 +294,7 @@ mod tests {
                 } else {
                     layout.cap
                 };
-                let cut = Cut::all_reduce(&layout, algorithm, false);
+                let cut = Cut::all_reduce(&layout, algorithm, false, false);
                 assert_eq!(cut.chunks(limit).count(), 1, "{algorithm}");
                 let more = if algorithm == Algorithm::TwoshotPull {
                     1
@@ -290,6 +303,12 @@ mod tests {
                 };
                 assert_eq!(cut.chunks(limit + 2).count(), more, "{algorithm}");
             }
+            // Over host memory a one-shot push also goes as data and flags.
+            let most = layout.oneshot_push_bytes(true);
+            assert!(most >= layout.lcap);
+            let host = Cut::all_reduce(&layout, Algorithm::OneshotPush, false, true);
+            assert_eq!(host.chunks(most).count(), 1);
+            assert_eq!(host.chunks(most + 16).count(), 2);
             assert_eq!(Cut::broadcast(&layout).chunks(layout.cap).count(), 1);
             assert_eq!(Cut::broadcast(&layout).chunks(layout.cap + 1).count(), 2);
             let gather = Cut::all_gather(&layout, layout.cap);
@@ -385,7 +404,7 @@ mod tests {
     #[test]
     fn every_rank_cuts_alike_from_the_call_and_the_layout() {
         let layout = Layout::new(8, 1 << 20, 1 << 16);
-        let cut = Cut::all_reduce(&layout, Algorithm::OneshotPull, false);
+        let cut = Cut::all_reduce(&layout, Algorithm::OneshotPull, false, false);
         let parts: Vec<Chunk> = cut.chunks((5 << 20) + 6).collect();
         assert_eq!(parts.len(), 6);
         assert_eq!(

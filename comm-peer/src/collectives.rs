@@ -137,7 +137,7 @@ impl PeerComm {
         let world = self.group.world_size();
         self.group.host_memory()
             && bytes >= flags_from(world, self.pair_lamport_bound())
-            && (world - 1) * bytes.next_multiple_of(16) <= self.layout.cap
+            && bytes <= self.layout.flagged_push_bytes()
     }
 
     /// One vector per thread, at most `max_blocks` blocks: the grid of a one-shot push by
@@ -263,7 +263,12 @@ impl PeerComm {
         }
         let op = call.op.unwrap_or(ReduceOp::Sum);
         let kernel = all_reduce_kernel(plan.algorithm, call.dtype, op, self.group.same_device());
-        let cut = Cut::all_reduce(&self.layout, plan.algorithm, plan.zero_copy.is_some());
+        let cut = Cut::all_reduce(
+            &self.layout,
+            plan.algorithm,
+            plan.zero_copy.is_some(),
+            self.group.host_memory(),
+        );
         // Two-shot pull moves a launch part after part; the grid is that of one part.
         let part = match plan.algorithm {
             Algorithm::TwoshotPull => twoshot_part(&self.layout, plan.zero_copy.is_some()),

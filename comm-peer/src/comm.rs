@@ -259,7 +259,10 @@ impl PeerComm {
 
     /// The algorithm an all-reduce of `bytes` per rank uses now: the chosen one, or the
     /// automatic choice for `None`; then the pull variant of a push message larger than the
-    /// mailboxes.
+    /// mailboxes (for a one-shot push over host memory, larger than data and flags carry
+    /// through a staging half: [`Layout::oneshot_push_bytes`]).
+    ///
+    /// [`Layout::oneshot_push_bytes`]: crate::layout::Layout::oneshot_push_bytes
     ///
     /// The automatic choice is [`Algorithm::auto`], with two exceptions. Ranks that share a
     /// device run its pull variant, except at one-shot sizes where the ranks all share one
@@ -269,7 +272,7 @@ impl PeerComm {
     /// across the link once each way (one H200, 2 ranks, graphs: 42 KB 11.3-12.4 us against
     /// 13.2-13.6 for pull, 256 KiB 27.8-28.3 against 30.6-30.8 for two-shot pull). And where the
     /// regions are host memory and every rank has a device of its own, two ranks push one
-    /// shot only up to [`HOST_PAIR_ONESHOT_MAX`] bytes (two-shot push beyond), and messages
+    /// shot only up to [`HOST_PAIR_ONESHOT_MAX`] bytes (two-shot beyond), and messages
     /// of [`COPIES_FROM`] bytes and more go by copies ([`Algorithm::OneshotCopy`]); not
     /// where ranks share a device, whose copies all meet in its copy engines and in CUDA
     /// graphs can wait on each other.
@@ -286,6 +289,7 @@ impl PeerComm {
             host: self.group.host_memory(),
             sharing: self.group.sharing(),
             mailbox: self.layout.lcap,
+            oneshot_push: self.layout.oneshot_push_bytes(self.group.host_memory()),
         }
     }
 

@@ -106,6 +106,22 @@ impl Layout {
         }
     }
 
+    /// The largest one-shot push that can go as data and flags (over host memory, where
+    /// no Lamport mailbox is needed): every peer's copy in one staging half, a multiple of 16.
+    pub fn flagged_push_bytes(&self) -> usize {
+        self.cap / (self.world - 1).max(1) / 16 * 16
+    }
+
+    /// The largest one-shot push launch: the Lamport mailboxes, or over host memory (`host`)
+    /// also what data and flags carry ([`Layout::flagged_push_bytes`]).
+    pub fn oneshot_push_bytes(&self, host: bool) -> usize {
+        if host {
+            self.lcap.max(self.flagged_push_bytes())
+        } else {
+            self.lcap
+        }
+    }
+
     /// The byte range that must start as the Lamport sentinel (all bits set).
     pub fn lamport_range(&self) -> std::ops::Range<usize> {
         self.off_push..self.total
@@ -145,6 +161,21 @@ mod tests {
                     assert!(end <= next, "world {world} max {max} area {i}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_flagged_push_puts_every_peers_copy_in_one_staging_half() {
+        let pair = Layout::new(2, 8 << 20, 1 << 20);
+        assert_eq!(pair.flagged_push_bytes(), 8 << 20);
+        assert_eq!(pair.oneshot_push_bytes(true), 8 << 20);
+        assert_eq!(pair.oneshot_push_bytes(false), 1 << 20);
+        for world in 2..=MAX_RANKS {
+            let l = Layout::new(world, (1 << 20) + 48, 1 << 20);
+            let most = l.flagged_push_bytes();
+            assert!(most % 16 == 0 && (world - 1) * most <= l.cap, "{world}");
+            assert!((world - 1) * (most + 16) > l.cap, "{world}");
+            assert_eq!(l.oneshot_push_bytes(true), most.max(l.lcap));
         }
     }
 

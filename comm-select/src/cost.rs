@@ -176,7 +176,8 @@ impl FabricParams {
 /// shared-memory transport, `NCCL_P2P_DISABLE=1`) 9.4 us at 8 B, 14.3 at 42 KB, 34.9 at 256
 /// KiB, 62.2 at 1 MiB, 167.1 at 4 MiB (598 at 16 MiB on 2026-11-30); ours,
 /// one-shot push 4.0 us at 8 B, 6.6 at 42 KB, 19.6 at 256 KiB, 29.6 at 512 KiB, 47.7 at 1 MiB,
-/// two-shot push 82.1 at 2 MiB and 154.7 at 4 MiB. So the model takes our kernels up to 4 MiB
+/// two-shot pull (where a push message outgrows symm-cuda's 1 MiB mailboxes) 82.1 at 2 MiB
+/// and 154.7 at 4 MiB. So the model takes our kernels up to 4 MiB
 /// at two ranks (where the two were 7% apart, which it calls a tie) and NCCL beyond. At two
 /// ranks each rank's own link is the limit (the host's side carried both ranks' traffic at
 /// once without slowing either). More ranks were not measured without P2P; a tuning table measured on the machine beats the
@@ -187,7 +188,7 @@ pub const NO_P2P: FabricParams = FabricParams {
     launch_us: 4.5,
     barrier_us: 1.9,
     // What PCIe through host memory carries: NCCL's bulk protocol from 1 MiB, and our
-    // two-shot push at 4 MiB (28.3 GB/s past its launch).
+    // two-shot pull at 4 MiB (28.6 GB/s past its launch and barriers).
     write_gbps: 28.0,
     read_gbps: 28.0,
     // Where every rank's bytes meet on the host (root complex, memory, the sockets' link):
@@ -197,7 +198,7 @@ pub const NO_P2P: FabricParams = FabricParams {
     read_contention: 0.0,
     // One-shot push, 42 KB to 1 MiB past the launch: 21 GB/s at 42 KB, 17 at 256 KiB (chunks
     // written and read in turn: the first one's write, fence and read are not overlapped,
-    // which this linear model has not), 24 at 1 MiB; two-shot push 27 at 2 MiB and 28 at 4
+    // which this linear model has not), 24 at 1 MiB; two-shot pull 28 at 2 and 4
     // MiB. 0.9 (25.2 GB/s) keeps 8 B to 4 MiB within -24%..+13%.
     kernel_efficiency: 0.9,
     // Two ranks, low-latency protocol: 5.5 + 2 steps x 2.0 = 9.5 us, then ~9.8 GB/s (13.9 us
@@ -503,8 +504,8 @@ mod tests {
         (OneShotPush, 256 << 10, 19.59),
         (OneShotPush, 512 << 10, 29.6),
         (OneShotPush, 1 << 20, 47.7),
-        (TwoShotPush, 2 << 20, 82.1),
-        (TwoShotPush, 4 << 20, 154.7),
+        (TwoShotPull, 2 << 20, 82.1),
+        (TwoShotPull, 4 << 20, 154.7),
     ];
 
     #[test]
@@ -512,7 +513,7 @@ mod tests {
         let model = CostModel::new(&Topology::uniform(2, Link::no_p2p(PciePath::Sys)));
         assert_eq!(model.fabric(), Fabric::NoP2p);
         // The model stays within 25% of what each pattern measured where it is our
-        // default (one-shot push to 1 MiB, two-shot push beyond), NCCL everywhere.
+        // default (one-shot push to 1 MiB, two-shot pull beyond), NCCL everywhere.
         for (pattern, bytes, measured) in NO_P2P_2 {
             let predicted = us(&model, pattern, bytes);
             assert!(
