@@ -133,14 +133,13 @@ impl Algorithm {
                 Algorithm::OneshotCopy
             } else if memory.host
                 && memory.world == 2
-                && bytes <= memory.oneshot_push
                 && (memory.sharing > 1 || bytes <= HOST_PAIR_ONESHOT_MAX)
             {
                 // Two ranks move the same bytes in one shot as in two, and one-shot push
-                // over host memory streams them with one flag trip, past the mailboxes too
-                // (one H200, two ranks, graphs, medians of 3: 1 MiB 63.6 us against 74.8 for
-                // two-shot pull; 2 MiB 122.7 against 140.9, 4 MiB 232.1 against 271.3, 8
-                // MiB 444.8 against 536.3).
+                // over host memory streams them with one flag trip, past the mailboxes and
+                // a staging half too (one H200, two ranks, graphs, medians of 3, against
+                // two-shot pull: 1 MiB 63.6 us / 74.8, 2 MiB 121.3 / 140.4, 4 MiB 232.2 /
+                // 271.1, 8 MiB 443.4 / 532.1, 16 MiB 891.6 / 1056.1, 64 MiB 3578.5 / 4081.0).
                 Algorithm::OneshotPush
             } else if memory.sharing > 1
                 && !(auto == Algorithm::OneshotPush && (memory.one_device() || memory.host))
@@ -150,8 +149,10 @@ impl Algorithm {
                 auto
             }
         });
+        // Over host memory a one-shot push needs no mailbox: past them it goes as data and
+        // flags, in launches of what a staging half holds.
         let fits = match chosen {
-            Algorithm::OneshotPush => bytes <= memory.oneshot_push,
+            Algorithm::OneshotPush => memory.host || bytes <= memory.mailbox,
             Algorithm::TwoshotPush => bytes <= memory.mailbox,
             _ => true,
         };
@@ -184,9 +185,6 @@ pub(crate) struct Memory {
     pub sharing: usize,
     /// Bytes per rank that a push message may hold (the mailboxes).
     pub mailbox: usize,
-    /// Bytes per rank that a one-shot push may hold: the mailboxes, or, over host memory,
-    /// also what goes as data and flags through a staging half.
-    pub oneshot_push: usize,
 }
 
 impl Memory {
@@ -291,7 +289,6 @@ mod tests {
             host,
             sharing,
             mailbox: 8 * MIB,
-            oneshot_push: 8 * MIB,
         }
     }
 
@@ -312,11 +309,11 @@ mod tests {
             Algorithm::OneshotPush
         );
         assert_eq!(resolve(42 << 10, true, 1), Algorithm::OneshotPush);
-        // Ranks sharing a device through host memory: one-shot push, then two-shot pull,
-        // never copies.
-        assert_eq!(resolve(64 * MIB, true, 2), Algorithm::TwoshotPull);
+        // Ranks sharing a device through host memory: one-shot push at every size, never
+        // copies.
+        assert_eq!(resolve(64 * MIB, true, 2), Algorithm::OneshotPush);
         assert_eq!(resolve(MIB, true, 2), Algorithm::OneshotPush);
-        assert_eq!(resolve(8 * MIB + 16, true, 2), Algorithm::TwoshotPull);
+        assert_eq!(resolve(8 * MIB + 16, true, 2), Algorithm::OneshotPush);
         assert_eq!(resolve(42 << 10, true, 2), Algorithm::OneshotPush);
         assert_eq!(resolve(8, true, 2), Algorithm::OneshotPush);
         // Device memory: never copies by default.
@@ -331,7 +328,6 @@ mod tests {
             host,
             sharing,
             mailbox: 8 * MIB,
-            oneshot_push: 8 * MIB,
         };
         let resolve = |bytes, m| Algorithm::resolve(None, bytes, m);
         for world in [2, 4, 8] {
@@ -350,7 +346,6 @@ mod tests {
         // Push too large for the mailboxes still pulls.
         let small_mailbox = Memory {
             mailbox: 16 << 10,
-            oneshot_push: 16 << 10,
             ..on(2, 2, false)
         };
         assert_eq!(resolve(42 << 10, small_mailbox), Algorithm::OneshotPull);
@@ -365,20 +360,18 @@ mod tests {
 
     #[test]
     fn over_host_memory_one_shot_push_outgrows_the_mailboxes_by_data_and_flags() {
-        // symm-cuda's defaults: 1 MiB mailboxes, 8 MiB staging halves.
+        // symm-cuda's defaults: 1 MiB mailboxes.
         let host = |sharing| Memory {
             world: 2,
             host: true,
             sharing,
             mailbox: MIB,
-            oneshot_push: 8 * MIB,
         };
         let resolve = |chosen, bytes, m| Algorithm::resolve(chosen, bytes, m);
-        // Two ranks on one GPU: one shot up to the staging halves, then two-shot pull.
-        for bytes in [MIB, 2 * MIB, 8 * MIB] {
+        // Two ranks on one GPU: one shot at every size (in launches of a staging half).
+        for bytes in [MIB, 2 * MIB, 8 * MIB, 64 * MIB] {
             assert_eq!(resolve(None, bytes, host(2)), Algorithm::OneshotPush);
         }
-        assert_eq!(resolve(None, 8 * MIB + 16, host(2)), Algorithm::TwoshotPull);
         // A GPU each: one shot to HOST_PAIR_ONESHOT_MAX, then two-shot (pull past the
         // mailboxes).
         assert_eq!(resolve(None, 2 * MIB, host(1)), Algorithm::TwoshotPull);

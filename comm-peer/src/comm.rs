@@ -259,8 +259,8 @@ impl PeerComm {
 
     /// The algorithm an all-reduce of `bytes` per rank uses now: the chosen one, or the
     /// automatic choice for `None`; then the pull variant of a push message larger than the
-    /// mailboxes (for a one-shot push over host memory, larger than data and flags carry
-    /// through a staging half: [`Layout::oneshot_push_bytes`]).
+    /// mailboxes, but for a one-shot push over host memory, which goes as data and flags past
+    /// them, in launches of what a staging half holds ([`Layout::oneshot_push_bytes`]).
     ///
     /// [`Layout::oneshot_push_bytes`]: crate::layout::Layout::oneshot_push_bytes
     ///
@@ -289,7 +289,6 @@ impl PeerComm {
             host: self.group.host_memory(),
             sharing: self.group.sharing(),
             mailbox: self.layout.lcap,
-            oneshot_push: self.layout.oneshot_push_bytes(self.group.host_memory()),
         }
     }
 
