@@ -14,7 +14,7 @@ use crate::comm::COPIES_FROM;
 /// 41.0 / 92.5, 1 MiB 47.7 / 74.3 / 110.3; beyond the mailboxes one-shot push ran as one-shot
 /// pull and two-shot push as two-shot pull: 2 MiB 129.0 / 82.1 / 217.0, 4 MiB 251.0 / 154.7 /
 /// 359.2 (eager 50.7-51.5 / 78.9-79.2 / 79.7-81.1 at 1 MiB, 255.1 / 158.5-159.4 / 207.0-208.0
-/// at 4 MiB). Ranks that share a GPU keep one-shot push up to the mailboxes (measured there).
+/// at 4 MiB). Ranks that share a GPU push one shot at every size (measured there).
 pub const HOST_PAIR_ONESHOT_MAX: usize = 1 << 20;
 
 /// One all-reduce algorithm over peer memory.

@@ -262,22 +262,22 @@ impl PeerComm {
     /// mailboxes, but for a one-shot push over host memory, which goes as data and flags past
     /// them, in launches of what a staging half holds ([`Layout::oneshot_push_bytes`]).
     ///
-    /// [`Layout::oneshot_push_bytes`]: crate::layout::Layout::oneshot_push_bytes
-    ///
     /// The automatic choice is [`Algorithm::auto`], with two exceptions. Ranks that share a
     /// device run its pull variant, except at one-shot sizes where the ranks all share one
     /// device's memory, whose one-shot push writes each rank's data once, into its own slot
     /// (one H200, 42 KB in graphs: 2 ranks push 3.01 us, pull 3.53; 8 ranks 4.32 against
     /// 4.61), or where the regions are host memory, whose one-shot push moves every byte
     /// across the link once each way (one H200, 2 ranks, graphs: 42 KB 11.3-12.4 us against
-    /// 13.2-13.6 for pull, 256 KiB 27.8-28.3 against 30.6-30.8 for two-shot pull). And where the
-    /// regions are host memory and every rank has a device of its own, two ranks push one
-    /// shot only up to [`HOST_PAIR_ONESHOT_MAX`] bytes (two-shot beyond), and messages
-    /// of [`COPIES_FROM`] bytes and more go by copies ([`Algorithm::OneshotCopy`]); not
-    /// where ranks share a device, whose copies all meet in its copy engines and in CUDA
-    /// graphs can wait on each other.
+    /// 13.2-13.6 for pull, 256 KiB 27.8-28.3 against 30.6-30.8 for two-shot pull; two such
+    /// ranks push one shot at every size). And where the regions are host memory and every
+    /// rank has a device of its own, two ranks push one shot only up to
+    /// [`HOST_PAIR_ONESHOT_MAX`] bytes (two-shot beyond), and messages of [`COPIES_FROM`]
+    /// bytes and more go by copies ([`Algorithm::OneshotCopy`]); not where ranks share a
+    /// device, whose copies all meet in its copy engines and in CUDA graphs can wait on each
+    /// other.
     ///
     /// [`HOST_PAIR_ONESHOT_MAX`]: crate::algorithm::HOST_PAIR_ONESHOT_MAX
+    /// [`Layout::oneshot_push_bytes`]: crate::layout::Layout::oneshot_push_bytes
     pub fn algorithm_for(&self, bytes: usize) -> Algorithm {
         Algorithm::resolve(self.algorithm.get(), bytes, self.memory())
     }

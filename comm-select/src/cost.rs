@@ -177,11 +177,11 @@ impl FabricParams {
 /// KiB, 62.2 at 1 MiB, 167.1 at 4 MiB (598 at 16 MiB on 2026-11-30); ours,
 /// one-shot push 4.0 us at 8 B, 6.6 at 42 KB, 19.6 at 256 KiB, 29.6 at 512 KiB, 47.7 at 1 MiB,
 /// two-shot pull (where a push message outgrows symm-cuda's 1 MiB mailboxes) 82.1 at 2 MiB
-/// and 154.7 at 4 MiB. So the model takes our kernels up to 4 MiB
-/// at two ranks (where the two were 7% apart, which it calls a tie) and NCCL beyond. At two
-/// ranks each rank's own link is the limit (the host's side carried both ranks' traffic at
-/// once without slowing either). More ranks were not measured without P2P; a tuning table measured on the machine beats the
-/// model anyway.
+/// and 154.7 at 4 MiB. So the model takes our kernels up to 4 MiB at two ranks (where the
+/// two measured 7% apart and it has them within 2%) and NCCL beyond. At two ranks each
+/// rank's own link is the limit (the host's side carried both ranks' traffic at once
+/// without slowing either). More ranks were not measured without P2P; a tuning table
+/// measured on the machine beats the model anyway.
 pub const NO_P2P: FabricParams = FabricParams {
     // One-shot push of a few bytes: 3.8-4.0 us (graphs); one-shot pull (a barrier more) was
     // ~1.9 us slower on one H200.
