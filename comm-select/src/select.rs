@@ -370,8 +370,8 @@ impl SelectComm {
     /// algorithms per call, by its own measured rules), costs what its cheapest algorithm
     /// does: it comes before them among the candidates, so the model picks the backend and
     /// leaves the algorithm to it. A linear model cannot tell algorithms that move the same
-    /// bytes apart where a backend's plans do (two ranks without P2P, two H200s: one-shot push
-    /// 129 us at 2 MiB against two-shot push's 82, both priced ~88 by the model).
+    /// bytes apart where a backend's plans do (two ranks without P2P, two H200s, 2 MiB:
+    /// one-shot pull 129 us against two-shot pull's 82, both priced ~90 by the model).
     fn predicted_us(&self, call: &CallInfo, index: usize, algorithm: Option<&str>) -> Option<f64> {
         let caps = &self.backends[index].caps;
         let predict = |pattern| {
