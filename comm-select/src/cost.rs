@@ -247,6 +247,7 @@ pub struct CostModel {
     world: usize,
 }
 
+#[derive(Clone, Copy)]
 enum Access {
     Read { concurrent: usize },
     Write,
@@ -336,7 +337,7 @@ impl CostModel {
         let ranks = self.world;
         // Without P2P what a rank pushes reaches its peer only once the peer's kernel reads
         // it back from host memory.
-        let pushed = || match self.fabric {
+        let pushed = match self.fabric {
             Fabric::NoP2p => Access::Read { concurrent: ranks },
             _ => Access::Write,
         };
@@ -361,10 +362,10 @@ impl CostModel {
                     )
             }
             TrafficPattern::OneShotPush if peer_memory => {
-                p.launch_us + self.transfer((n - 1.0) * s, n * (n - 1.0) * s, pushed())
+                p.launch_us + self.transfer((n - 1.0) * s, n * (n - 1.0) * s, pushed)
             }
             TrafficPattern::TwoShotPush if peer_memory => {
-                let half = self.transfer((n - 1.0) / n * s, (n - 1.0) * s, pushed());
+                let half = self.transfer((n - 1.0) / n * s, (n - 1.0) * s, pushed);
                 p.launch_us + p.barrier_us + 2.0 * half
             }
             TrafficPattern::Ring => {
