@@ -12,6 +12,7 @@ use crate::chunks::{Cut, twoshot_part};
 use crate::comm::PeerComm;
 use crate::grid::{Streamed, all_reduce_work, blocks, by_block_size, spread_grid};
 use crate::kernels::{PeerArgs, all_reduce_kernel, reduce_scatter_kernel, streamed_push_kernel};
+use crate::layout::Layout;
 use crate::scratch::Rows;
 
 /// How one all-reduce runs, decided by each rank and compared when validating.
@@ -130,14 +131,28 @@ fn flags_from(world: usize, pair: (u32, u32)) -> usize {
     flagged_from(world).min((vectors * 16).max(FLAGGED_FROM))
 }
 
+/// Whether a one-shot push launch of `bytes` over host memory goes as data and then a flag
+/// rather than by Lamport mailboxes: from [`flags_from`] bytes, and wherever the mailboxes
+/// (`lcap` bytes a sender) cannot hold it, as long as every peer's copy fits a staging half
+/// (a launch never holds more than one of the two: [`Layout::oneshot_push_bytes`]).
+///
+/// [`Layout::oneshot_push_bytes`]: crate::layout::Layout::oneshot_push_bytes
+fn host_push_flagged(bytes: usize, world: usize, pair: (u32, u32), layout: &Layout) -> bool {
+    (bytes >= flags_from(world, pair) || bytes > layout.lcap)
+        && bytes <= layout.flagged_push_bytes()
+}
+
 impl PeerComm {
     /// Whether a one-shot push launch of `bytes` goes as data and then a flag: over host
-    /// memory, from [`flags_from`] bytes, where every peer's copy fits a staging half.
+    /// memory, as [`host_push_flagged`] says.
     fn pushes_flagged(&self, bytes: usize) -> bool {
-        let world = self.group.world_size();
         self.group.host_memory()
-            && bytes >= flags_from(world, self.pair_lamport_bound())
-            && bytes <= self.layout.flagged_push_bytes()
+            && host_push_flagged(
+                bytes,
+                self.group.world_size(),
+                self.pair_lamport_bound(),
+                &self.layout,
+            )
     }
 
     /// One vector per thread, at most `max_blocks` blocks: the grid of a one-shot push by
@@ -446,8 +461,11 @@ impl PeerComm {
 mod tests {
     use super::{
         FLAGGED_FROM, PAIR_FLAGGED_FROM, PAIR_LAMPORT_THREADS, flags_from, host_lamport_grid,
-        lamport_block, pair_lamport_bound,
+        host_push_flagged, lamport_block, pair_lamport_bound,
     };
+    use crate::algorithm::Algorithm;
+    use crate::chunks::Cut;
+    use crate::layout::Layout;
 
     #[test]
     fn a_lamport_block_takes_the_warps_its_vectors_need_but_two_at_least() {
@@ -506,5 +524,37 @@ mod tests {
         assert_eq!(flags_from(2, pair_lamport_bound(1, 4)), FLAGGED_FROM);
         assert_eq!(flags_from(4, pair_lamport_bound(128, 512)), FLAGGED_FROM);
         assert_eq!(flags_from(8, pair_lamport_bound(44, 512)), FLAGGED_FROM);
+    }
+
+    #[test]
+    fn a_host_push_goes_by_lamport_only_where_the_mailboxes_hold_it() {
+        // Mailboxes of the default 1 MiB down to a few KiB, smaller than where flags start.
+        for world in [2, 3, 4, 8] {
+            for lamport in [256, 4 << 10, 8 << 10, 64 << 10, 100 << 10, 1 << 20] {
+                let layout = Layout::new(world, 4 << 20, lamport);
+                let cut = Cut::all_reduce(&layout, Algorithm::OneshotPush, false, true);
+                for resident in [1, 20, 44, 128] {
+                    let pair = pair_lamport_bound(resident, 512);
+                    for bytes in (16..=cut.limit).step_by(16 * 97).chain([cut.limit]) {
+                        let flagged = host_push_flagged(bytes, world, pair, &layout);
+                        let what = format!("world {world}, lcap {}, {bytes} bytes", layout.lcap);
+                        if flagged {
+                            assert!(bytes <= layout.flagged_push_bytes(), "{what}");
+                        } else {
+                            assert!(bytes <= layout.lcap, "{what}");
+                        }
+                    }
+                }
+            }
+        }
+        // The default mailboxes hold every message below where the flags start.
+        let layout = Layout::new(2, 8 << 20, 1 << 20);
+        let pair = pair_lamport_bound(44, 512);
+        assert!(!host_push_flagged(PAIR_FLAGGED_FROM - 16, 2, pair, &layout));
+        assert!(host_push_flagged(PAIR_FLAGGED_FROM, 2, pair, &layout));
+        // Mailboxes of 64 KiB: a 100 KiB push goes by flags, though the flags start later.
+        let small = Layout::new(2, 8 << 20, 64 << 10);
+        assert!(!host_push_flagged(64 << 10, 2, pair, &small));
+        assert!(host_push_flagged(100 << 10, 2, pair, &small));
     }
 }

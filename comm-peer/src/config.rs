@@ -26,7 +26,8 @@ pub struct PeerConfig {
     /// all-gathers and reduce-scatters cut into launches) as much again.
     pub max_bytes: usize,
     /// Largest push (Lamport) message; bigger ones run the pull algorithm of the same
-    /// shape. The mailboxes take about `3 (world + 2)` times this per rank.
+    /// shape, but a one-shot push over host memory, which goes by data and flags instead.
+    /// The mailboxes take about `3 (world + 2)` times this per rank.
     pub lamport_max_bytes: usize,
     /// Algorithm for every all-reduce; `None` picks per call with [`Algorithm::auto`].
     pub algorithm: Option<Algorithm>,

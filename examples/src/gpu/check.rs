@@ -5,8 +5,9 @@
 //! dtype and op, eager and zero-copy, in place) on fresh random data against an f64 host
 //! reference, outputs poisoned first, results compared bit for bit across ranks; the fused
 //! all-reduce + residual + RMSNorm against its f64 reference; a CUDA graph of an eager
-//! all-reduce, a zero-copy all-reduce and a fused op, replayed on new data. Then the signal
-//! primitives, the timeout check (the last rank stays away: the others must get
+//! all-reduce, a zero-copy all-reduce and a fused op, replayed on new data. Then pushes past
+//! mailboxes smaller than a flagged push (they go by data and flags over host memory, by pull
+//! on device memory), the signal primitives, the timeout check (the last rank stays away: the others must get
 //! `Error::Timeout`, then `Error::Aborted`), and registration cycles (symm-cuda: heap
 //! rendezvous; ipc: zero-copy buffers) with no growth of device memory, descriptors,
 //! /dev/shm entries, heap segment mappings or pinned host memory. Each check prints PASS
@@ -105,6 +106,14 @@ pub fn run_rank(bootstrap: Arc<dyn Bootstrap>, opts: &Options) -> bool {
             report(&format!("{algo} {name}"), started, step(&check));
         }
     }
+    for algo in [Algorithm::OneshotPush, Algorithm::TwoshotPush] {
+        let started = Instant::now();
+        report(
+            &format!("{algo} past small mailboxes"),
+            started,
+            small_mailboxes(&bootstrap, opts, algo),
+        );
+    }
     let started = Instant::now();
     report("signal primitives", started, primitives(&bootstrap, opts));
     if world > 1 {
@@ -173,9 +182,19 @@ struct Check {
 
 impl Check {
     fn new(bootstrap: &Arc<dyn Bootstrap>, opts: &Options, algo: Algorithm) -> Result<Self> {
+        Check::with_mailboxes(bootstrap, opts, algo, STAGING_BYTES)
+    }
+
+    /// A check whose push mailboxes hold `mailbox` bytes a sender.
+    fn with_mailboxes(
+        bootstrap: &Arc<dyn Bootstrap>,
+        opts: &Options,
+        algo: Algorithm,
+        mailbox: usize,
+    ) -> Result<Self> {
         let config = PeerConfig {
             max_bytes: STAGING_BYTES,
-            lamport_max_bytes: STAGING_BYTES,
+            lamport_max_bytes: mailbox,
             algorithm: Some(algo),
             // Processes sharing a GPU time-slice: spins must outlast other ranks' slices.
             timeout: Some(timeout_or(Duration::from_secs(60))),
@@ -559,6 +578,39 @@ impl Check {
 }
 
 /// Signals around a ring (rank r to r+1, waits for r-1), then a barrier, on each channel.
+/// Mailboxes of the small-mailbox check: below the sizes where pushes over host memory
+/// start to go as data and flags, so that messages between the two take the other path.
+const SMALL_MAILBOX_BYTES: usize = 4 << 10;
+
+/// A push with mailboxes of [`SMALL_MAILBOX_BYTES`]: messages up to them, just past them
+/// and far past them (by data and flags over host memory, by the pull of the same shape on
+/// device memory), against the f64 reference.
+fn small_mailboxes(
+    bootstrap: &Arc<dyn Bootstrap>,
+    opts: &Options,
+    algo: Algorithm,
+) -> Result<String> {
+    let check = Check::with_mailboxes(bootstrap, opts, algo, SMALL_MAILBOX_BYTES)?;
+    let mut cases = 0;
+    let mut seed = 4242u64;
+    for dtype in [DType::BF16, DType::F32] {
+        let fits = SMALL_MAILBOX_BYTES / dtype.size();
+        for count in [fits - 1, fits, fits + 1, 3 * fits + 5, 21504, 65537] {
+            for op in [ReduceOp::Sum, ReduceOp::Max] {
+                seed += 1;
+                check.one_case(dtype, op, count, seed, false, false)?;
+                cases += 1;
+            }
+        }
+    }
+    seed += 1;
+    check.one_case(DType::BF16, ReduceOp::Sum, 21503, seed, false, true)?;
+    Ok(format!(
+        "{} cases, mailboxes of {SMALL_MAILBOX_BYTES} bytes",
+        cases + 1
+    ))
+}
+
 fn primitives(bootstrap: &Arc<dyn Bootstrap>, opts: &Options) -> Result<String> {
     let ctx = probe::context(device_of(&**bootstrap)?)?;
     let joined;
