@@ -7,11 +7,11 @@
 //! all-reduce + residual + RMSNorm against its f64 reference; a CUDA graph of an eager
 //! all-reduce, a zero-copy all-reduce and a fused op, replayed on new data. Then pushes past
 //! mailboxes smaller than a flagged push (they go by data and flags over host memory, by pull
-//! on device memory), the signal primitives, the timeout check (the last rank stays away: the others must get
-//! `Error::Timeout`, then `Error::Aborted`), and registration cycles (symm-cuda: heap
-//! rendezvous; ipc: zero-copy buffers) with no growth of device memory, descriptors,
-//! /dev/shm entries, heap segment mappings or pinned host memory. Each check prints PASS
-//! or FAIL; any failure makes the exit status 1. Where the regions are host memory
+//! on device memory), the signal primitives, the timeout check (the last rank stays away: the
+//! others must get `Error::Timeout`, then `Error::Aborted`), and registration cycles
+//! (symm-cuda: heap rendezvous; ipc: zero-copy buffers) with no growth of device memory,
+//! descriptors, /dev/shm entries, heap segment mappings or pinned host memory. Each check
+//! prints PASS or FAIL; any failure makes the exit status 1. Where the regions are host memory
 //! (symm-cuda's host backing, for GPUs without peer access) there are no zero-copy
 //! buffers: the zero-copy conformance run is left out, the sweep's and the graph's
 //! zero-copy cases run on device memory, and their detail lines say so.
@@ -577,7 +577,6 @@ impl Check {
     }
 }
 
-/// Signals around a ring (rank r to r+1, waits for r-1), then a barrier, on each channel.
 /// Mailboxes of the small-mailbox check: below the sizes where pushes over host memory
 /// start to go as data and flags, so that messages between the two take the other path.
 const SMALL_MAILBOX_BYTES: usize = 4 << 10;
@@ -605,12 +604,13 @@ fn small_mailboxes(
     }
     seed += 1;
     check.one_case(DType::BF16, ReduceOp::Sum, 21503, seed, false, true)?;
+    cases += 1;
     Ok(format!(
-        "{} cases, mailboxes of {SMALL_MAILBOX_BYTES} bytes",
-        cases + 1
+        "{cases} cases, mailboxes of {SMALL_MAILBOX_BYTES} bytes"
     ))
 }
 
+/// Signals around a ring (rank r to r+1, waits for r-1), then a barrier, on each channel.
 fn primitives(bootstrap: &Arc<dyn Bootstrap>, opts: &Options) -> Result<String> {
     let ctx = probe::context(device_of(&**bootstrap)?)?;
     let joined;
