@@ -45,6 +45,23 @@ fn conformance_auto_at_eight_ranks() {
 }
 
 #[test]
+fn ranks_asking_for_other_sizes_get_a_mismatch_at_once() {
+    let started = std::time::Instant::now();
+    let results = on_threads(3, Duration::from_secs(20), |b| {
+        let max_bytes = if b.rank() == 2 { 1 << 20 } else { 1 << 16 };
+        SymmComm::with_max_bytes(&b, max_bytes).map(|_| ())
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Err(comm_core::Error::Mismatch(why)) => assert!(why.contains("rank"), "{why}"),
+            other => panic!("rank {rank}: expected a mismatch, got {other:?}"),
+        }
+    }
+    // Refused when the sizes are compared, not after the bootstrap's bound.
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
 fn absent_rank_is_a_timeout() {
     let bound = Duration::from_millis(300);
     let results = on_threads(3, Duration::from_secs(10), move |b| {

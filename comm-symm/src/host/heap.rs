@@ -65,6 +65,20 @@ impl HostHeap {
         // One more slot after the signals: this rank's failure flag.
         let pad_bytes = ((channels * world + 1) * SLOT).next_multiple_of(4096);
         let total = pad_bytes + data_bytes;
+        // Each rank maps every peer's segment at its own size: sizes that differ would map
+        // past a peer's file, so they are refused on every rank before anything is mapped.
+        let totals = bootstrap.all_gather_bytes(&(total as u64).to_le_bytes())?;
+        if let Some((rank, _)) = totals
+            .iter()
+            .enumerate()
+            .find(|(_, t)| t.as_slice() != (total as u64).to_le_bytes())
+        {
+            return Err(Error::Mismatch(format!(
+                "host symmetric memory: rank {me} asks for a heap of {total} bytes, rank {rank} \
+                 for another size (every rank must pass the same sizes)",
+                me = bootstrap.rank()
+            )));
+        }
         let (fd, own) = Mapping::create(total)?;
         let fds = exchange_fds(bootstrap, fd.as_fd())?;
         let me = bootstrap.rank();
