@@ -117,5 +117,17 @@ mod tests {
             b.view(DType::F64, usize::MAX, 2, RawStream::default())
                 .is_err()
         );
+        // Offsets and lengths whose byte counts wrap are outside too, not views at small addresses.
+        for (offset, len) in [
+            (usize::MAX / 4, 1),
+            (0, usize::MAX / 4 + 1),
+            (1 << 61, 1 << 61),
+        ] {
+            assert!(
+                b.view(DType::F64, offset, len, RawStream::default())
+                    .is_err(),
+                "{offset}+{len}"
+            );
+        }
     }
 }

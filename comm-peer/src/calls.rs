@@ -43,7 +43,7 @@ pub(crate) fn digest(words: &CallWords) -> u64 {
 }
 
 /// A readable account of words from the status: the call and, for an all-reduce, the
-/// algorithm and zero-copy offset.
+/// algorithm and zero-copy offset and buffer.
 pub(crate) fn describe(words: &[u32]) -> String {
     if words.len() < CALL_WORDS || words[..CALL_WORDS] == REJECTED[..CALL_WORDS] {
         return "no call (it rejected its arguments)".into();
@@ -65,7 +65,8 @@ pub(crate) fn describe(words: &[u32]) -> String {
         .map_or_else(|| format!("algorithm #{}", plan[0]), |a| a.to_string());
     let zero_copy = if plan[1] == 1 {
         let off = u64::from_le_bytes(plan[2..10].try_into().expect("8 bytes"));
-        format!(", zero-copy at offset {off}")
+        let buffer = u16::from_le_bytes(plan[10..12].try_into().expect("2 bytes"));
+        format!(", zero-copy at offset {off} of registered buffer #{buffer}")
     } else {
         String::new()
     };
@@ -127,6 +128,11 @@ mod tests {
         let mut plan = vec![Algorithm::OneshotPull as u8, 1];
         plan.extend_from_slice(&4096u64.to_le_bytes());
         assert!(describe(&encode(&call(8, DType::BF16), &plan)).contains("offset 4096"));
+        // The registered buffer's number is compared too: one offset in two buffers differs.
+        let in_buffer = |n: u16| [&plan[..], &n.to_le_bytes()[..]].concat();
+        let third = encode(&call(8, DType::BF16), &in_buffer(3));
+        assert!(describe(&third).contains("offset 4096 of registered buffer #3"));
+        assert_ne!(third, encode(&call(8, DType::BF16), &in_buffer(4)));
         assert_ne!(
             encode(&call(8, DType::BF16), &plan),
             encode(&call(8, DType::BF16), &plan[..2])

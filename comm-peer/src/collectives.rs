@@ -14,26 +14,37 @@ use crate::grid::{Streamed, all_reduce_work, blocks, by_block_size, spread_grid}
 use crate::kernels::{PeerArgs, all_reduce_kernel, reduce_scatter_kernel, streamed_push_kernel};
 use crate::layout::Layout;
 use crate::scratch::Rows;
+use crate::zero_copy::ZeroCopy;
 
 /// How one all-reduce runs, decided by each rank and compared when validating.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Plan {
     algorithm: Algorithm,
-    /// Zero-copy: the registered buffer's device table and the input's offset in it.
-    zero_copy: Option<(u64, u64)>,
+    /// Zero-copy: where the input lies in a registered buffer.
+    zero_copy: Option<ZeroCopy>,
 }
 
 impl Plan {
-    /// Algorithm, zero-copy flag and input offset: what the ranks compare besides the call
-    /// (no allocation: this runs on every call).
-    fn bytes(&self) -> [u8; 10] {
-        let (zc, off) = self.zero_copy.map_or((0u8, 0u64), |(_, off)| (1, off));
-        let mut out = [0u8; 10];
+    /// Algorithm, zero-copy flag, input offset and buffer number: what the ranks compare
+    /// besides the call (no allocation: this runs on every call).
+    fn bytes(&self) -> [u8; 12] {
+        let (zc, off, buffer) = self
+            .zero_copy
+            .map_or((0u8, 0u64, 0u16), |z| (1, z.offset, z.buffer));
+        let mut out = [0u8; 12];
         out[0] = self.algorithm as u8;
         out[1] = zc;
-        out[2..].copy_from_slice(&off.to_le_bytes());
+        out[2..10].copy_from_slice(&off.to_le_bytes());
+        out[10..].copy_from_slice(&buffer.to_le_bytes());
         out
     }
+}
+
+/// Whether an all-reduce's input and output (`bytes` each) share any byte: such a call
+/// is in place to the algorithms, whatever views it was given.
+fn shares_bytes(send: u64, recv: u64, bytes: usize) -> bool {
+    let bytes = bytes as u64;
+    bytes > 0 && send < recv + bytes && recv < send + bytes
 }
 
 /// Threads of the one block of a Lamport one-shot push over host memory with `work`
@@ -244,7 +255,8 @@ impl PeerComm {
                 [recv.location(), recv.location()],
             ),
         };
-        let plan = self.plan(recv.bytes(), send_addr, send.is_none());
+        let in_place = send.is_none() || shares_bytes(send_addr, recv.addr() as u64, recv.bytes());
+        let plan = self.plan(recv.bytes(), send_addr, in_place);
         let mine = self
             .checked(described, &locations)
             .and_then(|(call, stream)| {
@@ -254,89 +266,92 @@ impl PeerComm {
                 Ok((call, stream))
             });
         let agreed = self.agree(mine, &plan.bytes(), &locations)?;
-        let (call, stream) = (agreed.call, agreed.stream);
-        let bytes = call.send_bytes();
-        if bytes == 0 {
-            return self.agree_only(agreed.words, stream);
-        }
-        let recv_addr = recv.addr() as u64;
-        let world = self.group.world_size();
-        if world == 1 {
-            if send_addr != recv_addr {
-                self.context().bind_to_thread().map_err(driver_error)?;
-                // SAFETY: both views hold `send_bytes` bytes of this device (the view
-                // constructors' contracts); the copy is ordered on their stream.
-                unsafe {
-                    result::memcpy_dtod_async(recv_addr, send_addr, bytes, cu_stream(stream))
-                }
-                .map_err(driver_error)?;
+        self.after_agreement(|| {
+            let (call, stream) = (agreed.call, agreed.stream);
+            let bytes = call.send_bytes();
+            if bytes == 0 {
+                return self.agree_only(agreed.words, stream);
             }
-            return Ok(());
-        }
-        if plan.algorithm == Algorithm::OneshotCopy {
-            return self.reduce_by_copies(&agreed, send_addr, recv_addr, bytes);
-        }
-        let op = call.op.unwrap_or(ReduceOp::Sum);
-        let kernel = all_reduce_kernel(plan.algorithm, call.dtype, op, self.group.same_device());
-        let cut = Cut::all_reduce(
-            &self.layout,
-            plan.algorithm,
-            plan.zero_copy.is_some(),
-            self.group.host_memory(),
-        );
-        // Two-shot pull moves a launch part after part; the grid is that of one part.
-        let part = match plan.algorithm {
-            Algorithm::TwoshotPull => twoshot_part(&self.layout, plan.zero_copy.is_some()),
-            _ => bytes,
-        };
-        for chunk in cut.chunks(bytes) {
-            let at = chunk.offset as u64;
-            let count = chunk.bytes / call.dtype.size();
-            let args = PeerArgs {
-                inputs: plan.zero_copy.map_or(0, |(table, _)| table),
-                in_off: plan.zero_copy.map_or(0, |(_, in_off)| in_off + at),
-                part: part as u64,
-                ..self.io_args(&agreed, send_addr + at, recv_addr + at, count as u64)
-            };
-            let flagged =
-                plan.algorithm == Algorithm::OneshotPush && self.pushes_flagged(chunk.bytes);
-            let streamed = if flagged {
-                Streamed::of(chunk.bytes, self.stream_blocks)
-            } else {
-                None
-            };
-            let (kernel, grid, args) = match streamed {
-                // Chunk after chunk, each with its flag, read while later ones are written.
-                Some(streamed) => (
-                    streamed_push_kernel(call.dtype, op, streamed.grouped(chunk.bytes)),
-                    (streamed.blocks(), self.config.threads),
-                    PeerArgs {
-                        part: streamed.chunk as u64,
-                        writers: streamed.writers,
-                        ..args
-                    },
-                ),
-                None => {
-                    let work = all_reduce_work(
-                        plan.algorithm,
-                        call.dtype,
-                        count.min(part / call.dtype.size()),
-                        world,
-                    );
-                    // Data then a flag in one chunk over the grid: every block writes and
-                    // reads, a vector per thread (only block 0 polls host memory).
-                    let grid = if flagged {
-                        self.grid_of_vectors(work)
-                    } else {
-                        self.all_reduce_grid(plan.algorithm, work)
-                    };
-                    let writers = if flagged { grid.0 } else { 0 };
-                    (kernel, grid, PeerArgs { writers, ..args })
+            let recv_addr = recv.addr() as u64;
+            let world = self.group.world_size();
+            if world == 1 {
+                if send_addr != recv_addr {
+                    self.context().bind_to_thread().map_err(driver_error)?;
+                    // SAFETY: both views hold `send_bytes` bytes of this device (the view
+                    // constructors' contracts); the copy is ordered on their stream.
+                    unsafe {
+                        result::memcpy_dtod_async(recv_addr, send_addr, bytes, cu_stream(stream))
+                    }
+                    .map_err(driver_error)?;
                 }
+                return Ok(());
+            }
+            if plan.algorithm == Algorithm::OneshotCopy {
+                return self.reduce_by_copies(&agreed, send_addr, recv_addr, bytes);
+            }
+            let op = call.op.unwrap_or(ReduceOp::Sum);
+            let kernel =
+                all_reduce_kernel(plan.algorithm, call.dtype, op, self.group.same_device());
+            let cut = Cut::all_reduce(
+                &self.layout,
+                plan.algorithm,
+                plan.zero_copy.is_some(),
+                self.group.host_memory(),
+            );
+            // Two-shot pull moves a launch part after part; the grid is that of one part.
+            let part = match plan.algorithm {
+                Algorithm::TwoshotPull => twoshot_part(&self.layout, plan.zero_copy.is_some()),
+                _ => bytes,
             };
-            self.group.launch(kernel, grid, stream, &args)?;
-        }
-        Ok(())
+            for chunk in cut.chunks(bytes) {
+                let at = chunk.offset as u64;
+                let count = chunk.bytes / call.dtype.size();
+                let args = PeerArgs {
+                    inputs: plan.zero_copy.map_or(0, |z| z.table),
+                    in_off: plan.zero_copy.map_or(0, |z| z.offset + at),
+                    part: part as u64,
+                    ..self.io_args(&agreed, send_addr + at, recv_addr + at, count as u64)
+                };
+                let flagged =
+                    plan.algorithm == Algorithm::OneshotPush && self.pushes_flagged(chunk.bytes);
+                let streamed = if flagged {
+                    Streamed::of(chunk.bytes, self.stream_blocks)
+                } else {
+                    None
+                };
+                let (kernel, grid, args) = match streamed {
+                    // Chunk after chunk, each with its flag, read while later ones are written.
+                    Some(streamed) => (
+                        streamed_push_kernel(call.dtype, op, streamed.grouped(chunk.bytes)),
+                        (streamed.blocks(), self.config.threads),
+                        PeerArgs {
+                            part: streamed.chunk as u64,
+                            writers: streamed.writers,
+                            ..args
+                        },
+                    ),
+                    None => {
+                        let work = all_reduce_work(
+                            plan.algorithm,
+                            call.dtype,
+                            count.min(part / call.dtype.size()),
+                            world,
+                        );
+                        // Data then a flag in one chunk over the grid: every block writes and
+                        // reads, a vector per thread (only block 0 polls host memory).
+                        let grid = if flagged {
+                            self.grid_of_vectors(work)
+                        } else {
+                            self.all_reduce_grid(plan.algorithm, work)
+                        };
+                        let writers = if flagged { grid.0 } else { 0 };
+                        (kernel, grid, PeerArgs { writers, ..args })
+                    }
+                };
+                self.group.launch(kernel, grid, stream, &args)?;
+            }
+            Ok(())
+        })
     }
 
     /// Every rank's `send` (bytes) into its place in `recv`.
@@ -346,33 +361,35 @@ impl PeerComm {
         let locations = [send.location(), recv.location()];
         let mine = self.checked(CallDescriptor::all_gather(&send, &recv, world), &locations);
         let agreed = self.agree(mine, &[], &locations)?;
-        let (call, stream) = (agreed.call, agreed.stream);
-        let bytes = call.send_bytes();
-        if bytes == 0 {
-            return self.agree_only(agreed.words, stream);
-        }
-        let (send, recv) = (send.addr() as u64, recv.addr() as u64);
-        let scratch = self.scratch.addr();
-        let cut = Cut::all_gather(&self.layout, bytes);
-        for part in cut.chunks(bytes) {
-            let at = part.offset as u64;
-            let output = if cut.via_scratch { scratch } else { recv + at };
-            let args = self.io_args(&agreed, send + at, output, part.bytes as u64);
-            let grid = self.grid(part.bytes.div_ceil(16));
-            self.group.launch("peer_all_gather", grid, stream, &args)?;
-            if cut.via_scratch {
-                let rows = Rows {
-                    dst: recv + at,
-                    dst_pitch: bytes,
-                    src: scratch,
-                    src_pitch: part.bytes,
-                    width: part.bytes,
-                    rows: world,
-                };
-                rows.copy(self.context(), stream)?;
+        self.after_agreement(|| {
+            let (call, stream) = (agreed.call, agreed.stream);
+            let bytes = call.send_bytes();
+            if bytes == 0 {
+                return self.agree_only(agreed.words, stream);
             }
-        }
-        Ok(())
+            let (send, recv) = (send.addr() as u64, recv.addr() as u64);
+            let scratch = self.scratch.addr();
+            let cut = Cut::all_gather(&self.layout, bytes);
+            for part in cut.chunks(bytes) {
+                let at = part.offset as u64;
+                let output = if cut.via_scratch { scratch } else { recv + at };
+                let args = self.io_args(&agreed, send + at, output, part.bytes as u64);
+                let grid = self.grid(part.bytes.div_ceil(16));
+                self.group.launch("peer_all_gather", grid, stream, &args)?;
+                if cut.via_scratch {
+                    let rows = Rows {
+                        dst: recv + at,
+                        dst_pitch: bytes,
+                        src: scratch,
+                        src_pitch: part.bytes,
+                        width: part.bytes,
+                        rows: world,
+                    };
+                    rows.copy(self.context(), stream)?;
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Slice `rank` of the reduction of every rank's `send` into `recv`.
@@ -390,38 +407,40 @@ impl PeerComm {
             &locations,
         );
         let agreed = self.agree(mine, &[], &locations)?;
-        let (call, stream) = (agreed.call, agreed.stream);
-        let size = call.dtype.size();
-        let bytes = call.count as usize / world * size;
-        if bytes == 0 {
-            return self.agree_only(agreed.words, stream);
-        }
-        let (send, recv) = (send.addr() as u64, recv.addr() as u64);
-        let scratch = self.scratch.addr();
-        let kernel = reduce_scatter_kernel(call.dtype, op);
-        let cut = Cut::reduce_scatter(&self.layout, bytes);
-        for part in cut.chunks(bytes) {
-            let at = part.offset as u64;
-            let input = if cut.via_scratch {
-                let rows = Rows {
-                    dst: scratch,
-                    dst_pitch: part.bytes,
-                    src: send + at,
-                    src_pitch: bytes,
-                    width: part.bytes,
-                    rows: world,
+        self.after_agreement(|| {
+            let (call, stream) = (agreed.call, agreed.stream);
+            let size = call.dtype.size();
+            let bytes = call.count as usize / world * size;
+            if bytes == 0 {
+                return self.agree_only(agreed.words, stream);
+            }
+            let (send, recv) = (send.addr() as u64, recv.addr() as u64);
+            let scratch = self.scratch.addr();
+            let kernel = reduce_scatter_kernel(call.dtype, op);
+            let cut = Cut::reduce_scatter(&self.layout, bytes);
+            for part in cut.chunks(bytes) {
+                let at = part.offset as u64;
+                let input = if cut.via_scratch {
+                    let rows = Rows {
+                        dst: scratch,
+                        dst_pitch: part.bytes,
+                        src: send + at,
+                        src_pitch: bytes,
+                        width: part.bytes,
+                        rows: world,
+                    };
+                    rows.copy(self.context(), stream)?;
+                    scratch
+                } else {
+                    send + at
                 };
-                rows.copy(self.context(), stream)?;
-                scratch
-            } else {
-                send + at
-            };
-            let count = part.bytes / size;
-            let args = self.io_args(&agreed, input, recv + at, count as u64);
-            let grid = self.grid(count.div_ceil(16 / size));
-            self.group.launch(kernel, grid, stream, &args)?;
-        }
-        Ok(())
+                let count = part.bytes / size;
+                let args = self.io_args(&agreed, input, recv + at, count as u64);
+                let grid = self.grid(count.div_ceil(16 / size));
+                self.group.launch(kernel, grid, stream, &args)?;
+            }
+            Ok(())
+        })
     }
 
     /// Rank `root`'s `buf` into every rank's `buf`.
@@ -431,29 +450,31 @@ impl PeerComm {
         let locations = [buf.location()];
         let mine = self.checked(CallDescriptor::broadcast(&buf, root, world), &locations);
         let agreed = self.agree(mine, &[], &locations)?;
-        let (call, stream) = (agreed.call, agreed.stream);
-        let bytes = call.send_bytes();
-        if bytes == 0 || world == 1 {
-            return self.agree_only(agreed.words, stream);
-        }
-        let addr = buf.addr() as u64;
-        for part in Cut::broadcast(&self.layout).chunks(bytes) {
-            let at = addr + part.offset as u64;
-            let args = PeerArgs {
-                root: root as u32,
-                ..self.io_args(&agreed, at, at, part.bytes as u64)
-            };
-            let grid = self.grid(part.bytes.div_ceil(16));
-            self.group.launch("peer_broadcast", grid, stream, &args)?;
-        }
-        Ok(())
+        self.after_agreement(|| {
+            let (call, stream) = (agreed.call, agreed.stream);
+            let bytes = call.send_bytes();
+            if bytes == 0 || world == 1 {
+                return self.agree_only(agreed.words, stream);
+            }
+            let addr = buf.addr() as u64;
+            for part in Cut::broadcast(&self.layout).chunks(bytes) {
+                let at = addr + part.offset as u64;
+                let args = PeerArgs {
+                    root: root as u32,
+                    ..self.io_args(&agreed, at, at, part.bytes as u64)
+                };
+                let grid = self.grid(part.bytes.div_ceil(16));
+                self.group.launch("peer_broadcast", grid, stream, &args)?;
+            }
+            Ok(())
+        })
     }
 
-    /// A device barrier of every rank (signals on channel 0), waited for here
-    /// ([`crate::PeerGroup::barrier_and_wait`]).
+    /// A device barrier of every rank (signals on the communicator's own channel, apart
+    /// from the user's), waited for here ([`crate::PeerGroup::barrier_and_wait`]).
     pub fn device_barrier(&self) -> Result<()> {
         let stream: RawStream = raw_stream(&self.barrier_stream);
-        self.group.barrier_and_wait(stream, 0)
+        self.group.barrier_and_wait(stream)
     }
 }
 
@@ -466,6 +487,38 @@ mod tests {
     use crate::algorithm::Algorithm;
     use crate::chunks::Cut;
     use crate::layout::Layout;
+
+    #[test]
+    fn views_sharing_bytes_are_in_place() {
+        use super::shares_bytes;
+        assert!(shares_bytes(0x1000, 0x1000, 64));
+        assert!(shares_bytes(0x1000, 0x103e, 64));
+        assert!(shares_bytes(0x103e, 0x1000, 64));
+        assert!(!shares_bytes(0x1000, 0x1040, 64));
+        assert!(!shares_bytes(0x1040, 0x1000, 64));
+        assert!(!shares_bytes(0x1000, 0x1000, 0));
+    }
+
+    #[test]
+    fn plans_name_the_registered_buffer() {
+        use super::{Plan, ZeroCopy};
+        let plan = |buffer| Plan {
+            algorithm: Algorithm::OneshotPull,
+            zero_copy: Some(ZeroCopy {
+                table: 0xdead_0000 + u64::from(buffer),
+                offset: 4096,
+                buffer,
+            }),
+        };
+        // Tables are this rank's addresses and are not compared; buffers and offsets are.
+        assert_ne!(plan(0).bytes(), plan(1).bytes());
+        let staged = Plan {
+            algorithm: Algorithm::OneshotPull,
+            zero_copy: None,
+        };
+        assert_ne!(plan(0).bytes(), staged.bytes());
+        assert_eq!(staged.bytes()[1..], [0; 11]);
+    }
 
     #[test]
     fn a_lamport_block_takes_the_warps_its_vectors_need_but_two_at_least() {

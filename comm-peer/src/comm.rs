@@ -402,6 +402,13 @@ impl PeerComm {
         }
     }
 
+    /// Enqueues what follows a call's agreement. A failure there is fatal: every peer goes
+    /// on to its part of the call and waits for this rank's, which will not come
+    /// ([`crate::PeerGroup::abandon`]).
+    pub(crate) fn after_agreement(&self, enqueue: impl FnOnce() -> Result<()>) -> Result<()> {
+        enqueue().map_err(|e| self.group.abandon(e))
+    }
+
     /// Takes part in a call's agreement, moving nothing (`peer_agree_only`): for a call
     /// this rank rejected ([`calls::REJECTED`]) or one with nothing to move, so that peers
     /// making another call fail at once rather than wait.

@@ -97,37 +97,39 @@ impl PeerComm {
         plan[2..6].copy_from_slice(&(hidden as u32).to_le_bytes());
         plan[6..].copy_from_slice(&eps.to_bits().to_le_bytes());
         let agreed = self.agree(mine, &plan, &locations)?;
-        let rows = input.len() / hidden.max(1);
-        if rows == 0 {
-            return self.agree_only(agreed.words, agreed.stream);
-        }
-        let args = PeerArgs {
-            input: input.addr() as u64,
-            output: out.addr() as u64,
-            residual: residual.addr() as u64,
-            weight: weight.addr() as u64,
-            count: input.len() as u64,
-            hidden: hidden as u64,
-            eps,
-            aligned: 1,
-            call: agreed.words,
-            ..self.args()
-        };
-        // Rows cut into parts as far as the spread of small one-shot all-reduces allows;
-        // on host memory (no spread) a block per row, each block costing more than it
-        // carries there.
-        let spread = |threads| {
-            self.spread_blocks
-                .map_or(0, |most| by_block_size(most, threads))
-        };
-        let grid = fused_grid(
-            rows,
-            hidden / 8,
-            self.config.threads,
-            spread,
-            self.max_blocks,
-        );
-        let kernel = fused_rmsnorm_kernel(push, self.group.same_device());
-        self.group.launch(kernel, grid, agreed.stream, &args)
+        self.after_agreement(|| {
+            let rows = input.len() / hidden.max(1);
+            if rows == 0 {
+                return self.agree_only(agreed.words, agreed.stream);
+            }
+            let args = PeerArgs {
+                input: input.addr() as u64,
+                output: out.addr() as u64,
+                residual: residual.addr() as u64,
+                weight: weight.addr() as u64,
+                count: input.len() as u64,
+                hidden: hidden as u64,
+                eps,
+                aligned: 1,
+                call: agreed.words,
+                ..self.args()
+            };
+            // Rows cut into parts as far as the spread of small one-shot all-reduces allows;
+            // on host memory (no spread) a block per row, each block costing more than it
+            // carries there.
+            let spread = |threads| {
+                self.spread_blocks
+                    .map_or(0, |most| by_block_size(most, threads))
+            };
+            let grid = fused_grid(
+                rows,
+                hidden / 8,
+                self.config.threads,
+                spread,
+                self.max_blocks,
+            );
+            let kernel = fused_rmsnorm_kernel(push, self.group.same_device());
+            self.group.launch(kernel, grid, agreed.stream, &args)
+        })
     }
 }

@@ -31,8 +31,8 @@ pub struct Registered {
     sharing: usize,
 }
 
-/// Verdict, pid, address, IPC handle, device UUID, device ordinal.
-const MSG_BYTES: usize = 1 + 4 + 8 + 64 + 16 + 4;
+/// Verdict, pid, address, IPC handle, device UUID, device ordinal, bytes allocated.
+const MSG_BYTES: usize = 1 + 4 + 8 + 64 + 16 + 4 + 8;
 
 impl Registered {
     /// Collective: allocates `bytes` on every rank, runs `init` on this rank's memory
@@ -54,6 +54,7 @@ impl Registered {
                 m.extend_from_slice(handle);
                 m.extend_from_slice(&uuid(ctx));
                 m.extend_from_slice(&(ctx.ordinal() as u32).to_le_bytes());
+                m.extend_from_slice(&(bytes as u64).to_le_bytes());
                 m
             }
             Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
@@ -69,6 +70,10 @@ impl Registered {
                 "rank {rank} could not register its peer buffer: {}",
                 String::from_utf8_lossy(m.get(1..).unwrap_or_default())
             )));
+        }
+        // Peers address every rank's allocation as if it were their own size.
+        if let Some(why) = size_mismatch(all.iter().map(|m| &m[97..105])) {
+            return Err(Error::Mismatch(format!("peer buffers: {why}")));
         }
         let me = bootstrap.rank();
         let pid = std::process::id();
@@ -174,6 +179,18 @@ impl PeerSource for Registered {
     }
 }
 
+/// Why the ranks' allocation sizes (little-endian u64 each, in rank order) differ, if they do.
+fn size_mismatch<'a>(sizes: impl Iterator<Item = &'a [u8]>) -> Option<String> {
+    let sizes: Vec<u64> = sizes
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .collect();
+    let first = *sizes.first()?;
+    let (rank, size) = sizes.iter().enumerate().find(|&(_, &s)| s != first)?;
+    Some(format!(
+        "rank 0 allocates {first} bytes, rank {rank} {size}"
+    ))
+}
+
 impl Drop for Registered {
     fn drop(&mut self) {
         if self.buf.context().bind_to_thread().is_err() {
@@ -183,5 +200,20 @@ impl Drop for Registered {
             // SAFETY: opened by cuIpcOpenMemHandle in `new`, closed once.
             let _ = unsafe { sys::cuIpcCloseMemHandle(ptr) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::size_mismatch;
+
+    #[test]
+    fn ranks_allocating_other_sizes_are_named() {
+        let sizes = |all: &[u64]| all.iter().map(|s| s.to_le_bytes()).collect::<Vec<_>>();
+        let same = sizes(&[4096, 4096, 4096]);
+        assert_eq!(size_mismatch(same.iter().map(|b| &b[..])), None);
+        let other = sizes(&[4096, 4096, 8192]);
+        let why = size_mismatch(other.iter().map(|b| &b[..])).unwrap();
+        assert!(why.contains("rank 2") && why.contains("8192"), "{why}");
     }
 }

@@ -6,35 +6,67 @@ use std::sync::{Arc, Mutex};
 
 use comm_core::cuda::cudarc::driver::CudaStream;
 use comm_core::cuda::stream::raw_stream;
-use comm_core::{Bootstrap, BufferMut, BufferRef, DType, Error, Result};
+use comm_core::{Bootstrap, BufferMut, BufferRef, DType, Result};
 
 use crate::registered::Registered;
 use crate::source::PeerSource;
 
-/// The registered buffers of one communicator: `(base, bytes, device table)`.
+/// Where a zero-copy input lies: its buffer's device table of every rank's address, the
+/// input's byte offset in it, and the buffer's registration number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ZeroCopy {
+    pub(crate) table: u64,
+    pub(crate) offset: u64,
+    /// Counts this communicator's registrations, which every rank makes in the same order:
+    /// ranks that name different buffers at one offset disagree here (modulo 2^16).
+    pub(crate) buffer: u16,
+}
+
+/// One registered buffer: its base address, size, device table and number.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    base: u64,
+    bytes: usize,
+    table: u64,
+    number: u16,
+}
+
+/// The registered buffers of one communicator, and the number of the next.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
-    entries: Mutex<Vec<(u64, usize, u64)>>,
+    entries: Mutex<(Vec<Entry>, u16)>,
 }
 
 impl Registry {
-    /// The device table and offset of a buffer holding `bytes` at `addr`, if registered.
-    pub(crate) fn find(&self, addr: u64, bytes: usize) -> Option<(u64, u64)> {
+    /// Where `bytes` at `addr` lie in a registered buffer, if they do.
+    pub(crate) fn find(&self, addr: u64, bytes: usize) -> Option<ZeroCopy> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries
+            .0
             .iter()
-            .find(|(base, len, _)| addr >= *base && addr + bytes as u64 <= base + *len as u64)
-            .map(|&(base, _, table)| (table, addr - base))
+            .find(|e| addr >= e.base && addr + bytes as u64 <= e.base + e.bytes as u64)
+            .map(|e| ZeroCopy {
+                table: e.table,
+                offset: addr - e.base,
+                buffer: e.number,
+            })
     }
 
     fn insert(&self, base: u64, bytes: usize, table: u64) {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.push((base, bytes, table));
+        let number = entries.1;
+        entries.0.push(Entry {
+            base,
+            bytes,
+            table,
+            number,
+        });
+        entries.1 = number.wrapping_add(1);
     }
 
     fn remove(&self, base: u64) {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.retain(|(b, _, _)| *b != base);
+        entries.0.retain(|e| e.base != base);
     }
 }
 
@@ -136,14 +168,8 @@ impl PeerBuffer {
     }
 
     fn range(&self, dtype: DType, offset: usize, len: usize) -> Result<u64> {
-        let start = offset * dtype.size();
-        match (len * dtype.size()).checked_add(start) {
-            Some(end) if end <= self.bytes => Ok(self.device_ptr() + start as u64),
-            _ => Err(Error::InvalidArgument(format!(
-                "elements {offset}+{len} of {dtype} are outside a peer buffer of {} bytes",
-                self.bytes
-            ))),
-        }
+        // One checked computation for every registered buffer: products that wrap are refused.
+        comm_core::registered::byte_range(self, dtype, offset, len)
     }
 }
 
@@ -183,12 +209,22 @@ mod tests {
         let r = Registry::default();
         r.insert(0x1000, 256, 0xaa);
         r.insert(0x4000, 64, 0xbb);
-        assert_eq!(r.find(0x1000, 256), Some((0xaa, 0)));
-        assert_eq!(r.find(0x1010, 16), Some((0xaa, 0x10)));
+        let at = |table, offset, buffer| {
+            Some(ZeroCopy {
+                table,
+                offset,
+                buffer,
+            })
+        };
+        assert_eq!(r.find(0x1000, 256), at(0xaa, 0, 0));
+        assert_eq!(r.find(0x1010, 16), at(0xaa, 0x10, 0));
         assert_eq!(r.find(0x1010, 256), None);
-        assert_eq!(r.find(0x4020, 32), Some((0xbb, 0x20)));
+        assert_eq!(r.find(0x4020, 32), at(0xbb, 0x20, 1));
         assert_eq!(r.find(0x3000, 4), None);
         r.remove(0x1000);
         assert_eq!(r.find(0x1000, 4), None);
+        // A later registration at a freed address is another buffer.
+        r.insert(0x1000, 256, 0xcc);
+        assert_eq!(r.find(0x1000, 4), at(0xcc, 0, 2));
     }
 }
