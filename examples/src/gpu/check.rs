@@ -5,7 +5,9 @@
 //! dtype and op, eager and zero-copy, in place) on fresh random data against an f64 host
 //! reference, outputs poisoned first, results compared bit for bit across ranks; the fused
 //! all-reduce + residual + RMSNorm against its f64 reference; a CUDA graph of an eager
-//! all-reduce, a zero-copy all-reduce and a fused op, replayed on new data. Then pushes past
+//! all-reduce, a zero-copy all-reduce and a fused op, replayed on new data; a zero-copy
+//! out-of-place call given one range as input and output. Then zero-copy buffers that differ
+//! by rank at one offset (every rank must get `Error::Mismatch`), pushes past
 //! mailboxes smaller than a flagged push (they go by data and flags over host memory, by pull
 //! on device memory), the signal primitives, the timeout check (the last rank stays away: the
 //! others must get `Error::Timeout`, then `Error::Aborted`), and registration cycles
@@ -28,6 +30,7 @@ use comm_peer::{Algorithm, PeerConfig};
 use comm_symm::cuda::{Backing, DeviceHeap};
 
 use super::data::{all_inputs, count_wrong, decode, fnv, fused_reference, relative_error};
+use super::registered;
 use super::zero_copy::ZeroCopyMemory;
 use super::{Backend, GpuComm, timeout_or};
 
@@ -96,6 +99,9 @@ pub fn run_rank(bootstrap: Arc<dyn Bootstrap>, opts: &Options) -> bool {
         if !opts.quick && check.zero_copy {
             steps.push(("conformance (zero-copy)", Check::conformance_zero_copy));
         }
+        if check.zero_copy {
+            steps.push(("zero-copy, input as output", Check::aliased));
+        }
         steps.extend([
             ("sweep vs f64 (eager + zero-copy)", Check::sweep as Step),
             ("fused rmsnorm vs f64", Check::fused),
@@ -117,6 +123,12 @@ pub fn run_rank(bootstrap: Arc<dyn Bootstrap>, opts: &Options) -> bool {
     let started = Instant::now();
     report("signal primitives", started, primitives(&bootstrap, opts));
     if world > 1 {
+        let started = Instant::now();
+        report(
+            "zero-copy buffers that differ by rank",
+            started,
+            registered::other_buffers(&bootstrap, opts),
+        );
         for algo in [
             Algorithm::OneshotPull,
             Algorithm::OneshotPush,
@@ -232,6 +244,18 @@ impl Check {
             "{} coverage, {} random, large {}, {} error cases",
             r.coverage_cases, r.random_cases, r.large_case, r.error_cases
         ))
+    }
+
+    fn aliased(&self) -> Result<String> {
+        // bf16: within a launch, just past one, and three launches.
+        let counts = [4097, 21504, STAGING_BYTES / 2 + 1, STAGING_BYTES + 5];
+        registered::aliased(
+            self.comm.peer(),
+            &*self.bootstrap,
+            &self.memory,
+            &counts,
+            900,
+        )
     }
 
     fn conformance_zero_copy(&self) -> Result<String> {

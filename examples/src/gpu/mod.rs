@@ -5,6 +5,7 @@ pub mod args;
 pub mod bench;
 pub mod check;
 pub mod data;
+mod registered;
 mod zero_copy;
 
 use std::str::FromStr;
