@@ -207,9 +207,20 @@ impl Auto {
         }
         let members: Vec<Box<dyn Communicator>> =
             gpu.into_iter().chain(self.members).chain(host).collect();
-        let mut options = match self.options {
-            Some(options) => options,
-            None => SelectOptions::from_env()?,
+        let options = match self.options {
+            Some(options) => Ok(options),
+            None => SelectOptions::from_env(),
+        };
+        // A rank whose options are refused must not leave its peers waiting in the probe.
+        let mut options = match (agree(&**bootstrap, options.is_ok())?, options) {
+            (true, Ok(options)) => options,
+            (_, Err(e)) => return Err(e),
+            (false, Ok(_)) => {
+                return Err(Error::InvalidArgument(
+                    "auto: another rank's selection options were refused (its error says why)"
+                        .into(),
+                ));
+            }
         };
         // Probing is collective: every rank probes, whatever rank 0 then uses.
         let probed = crate::probe(&**bootstrap, device)?;

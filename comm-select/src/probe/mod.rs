@@ -20,6 +20,9 @@ use crate::topology::{Link, Topology};
 struct Identity {
     host: String,
     bus_id: Option<String>,
+    /// Why this rank's GPU could not be named: every rank fails after the exchange, rather
+    /// than this one leaving before it while its peers wait there.
+    failure: Option<String>,
 }
 
 /// Collective: probes the links between every pair of ranks. `device` is the CUDA ordinal
@@ -29,17 +32,35 @@ pub fn probe(bootstrap: &dyn Bootstrap, device: Option<usize>) -> Result<Topolog
         .map(|h| h.trim().to_string())
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "localhost".into());
-    let bus_id = match device {
-        Some(ordinal) => gpu::bus_id(ordinal)?,
-        None => None,
+    let (bus_id, failed) = match device.map(gpu::bus_id) {
+        Some(Ok(bus_id)) => (bus_id, None),
+        Some(Err(e)) => (None, Some(e)),
+        None => (None, None),
     };
-    let me = Identity { host, bus_id };
+    let failure = failed.as_ref().map(ToString::to_string);
+    let me = Identity {
+        host,
+        bus_id,
+        failure,
+    };
     let all: Vec<Identity> = bootstrap
         .all_gather_bytes(&serde_json::to_vec(&me).expect("identity serialises"))?
         .iter()
         .map(|b| serde_json::from_slice(b))
         .collect::<Result<_, _>>()
         .map_err(|e| Error::Bootstrap(format!("malformed topology identity: {e}")))?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let failure = all
+        .iter()
+        .enumerate()
+        .find_map(|(rank, id)| Some((rank, id.failure.as_ref()?)));
+    if let Some((rank, why)) = failure {
+        return Err(Error::Unsupported(format!(
+            "probe: rank {rank} could not name its GPU: {why}"
+        )));
+    }
     let node = |id: &Identity| all.iter().position(|o| o.host == id.host).expect("present");
     let row = all
         .iter()
@@ -148,6 +169,29 @@ mod gpu {
 mod tests {
     use super::*;
     use crate::topology::Fabric;
+
+    #[test]
+    fn a_gpu_that_cannot_be_named_fails_every_rank_at_once() {
+        let started = std::time::Instant::now();
+        let bound = std::time::Duration::from_secs(20);
+        let handles: Vec<_> = comm_core::ThreadsBootstrap::with_timeout(3, bound)
+            .into_iter()
+            .map(|b| {
+                // No machine has a GPU of ordinal 999 (nor a build without `cuda` any).
+                let device = (b.rank() == 1).then_some(999);
+                std::thread::spawn(move || probe(&b, device))
+            })
+            .collect();
+        for (rank, h) in handles.into_iter().enumerate() {
+            match h.join().unwrap() {
+                Err(Error::Bootstrap(e)) => panic!("rank {rank} waited: {e}"),
+                Err(e) if rank != 1 => assert!(e.to_string().contains("rank 1"), "{e}"),
+                Err(_) => {}
+                Ok(t) => panic!("rank {rank} probed {t:?}"),
+            }
+        }
+        assert!(started.elapsed() < bound / 2);
+    }
 
     #[test]
     fn host_ranks_of_one_machine_share_host_memory() {
