@@ -176,7 +176,8 @@ fn agree(bootstrap: &dyn Bootstrap, ok: bool) -> bool {
         .unwrap_or(false)
 }
 
-fn device_of(bootstrap: &dyn Bootstrap) -> Result<usize> {
+/// The GPU of this rank: local ranks spread over the visible devices.
+pub(super) fn device_of(bootstrap: &dyn Bootstrap) -> Result<usize> {
     Ok(bootstrap.local_rank() % device_count()?)
 }
 

@@ -9,7 +9,7 @@ use comm_core::cuda::{DeviceMemory, driver_error};
 use comm_core::{Bootstrap, BufferMut, BufferRef, Communicator, DType, Error, ReduceOp, Result};
 use comm_peer::{Algorithm, PeerComm, PeerConfig};
 
-use super::check::Options;
+use super::check::{Options, device_of};
 use super::data::{all_inputs, count_wrong};
 use super::{GpuComm, timeout_or};
 
@@ -71,7 +71,7 @@ pub fn other_buffers(bootstrap: &Arc<dyn Bootstrap>, opts: &Options) -> Result<S
         agree_on_host: false,
         ..PeerConfig::default()
     };
-    let device = bootstrap.local_rank() % comm_core::cuda::device_count()?;
+    let device = device_of(&**bootstrap)?;
     let joined = GpuComm::join(opts.backend, bootstrap, device, config, opts.backing)?;
     let comm = joined.peer();
     if comm.group().host_memory() {
