@@ -63,7 +63,10 @@ __device__ void peer_oneshot_pull(const PeerArgs& a, const PeerCtx& c, uint64_t 
 // from every rank's registered input where it lies. Inputs are read before the second
 // barrier only, so zero-copy needs no third barrier (and in place is safe: rank r writes
 // output slice r after reading input slice r, the other slices after the second barrier).
-// `first`: the call's first part, whose first barrier compares the calls. False when the
+// `first`: the call's first part, whose first barrier compares the calls. `pitch_vecs`: the
+// vectors whose slices set S (0: this part's own), those of a whole part wherever a launch
+// holds several, so that a shorter last part lays its slots over the same vectors, and so
+// the same blocks, as the part two before it in the same staging half. False when the
 // block must stop.
 __device__ __forceinline__ uint32_t peer_slot(uint32_t sender, uint32_t owner) {
     return sender < owner ? sender : sender - 1u;
@@ -71,12 +74,12 @@ __device__ __forceinline__ uint32_t peer_slot(uint32_t sender, uint32_t owner) {
 
 template <int DT, int OP>
 __device__ bool peer_twoshot_part(const PeerArgs& a, const PeerCtx& c, const char* input, char* output, uint64_t count,
-                                  uint64_t zc_off, bool first) {
+                                  uint64_t zc_off, uint64_t pitch_vecs, bool first) {
     const bool zc = c.input[0] != nullptr;
     const uint64_t nvec = (count + PeerDt<DT>::VEC - 1) / PeerDt<DT>::VEC;
     const uint64_t dbuf = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
     const bool aligned = a.aligned != 0;
-    const uint64_t S = (nvec + a.world - 1) / a.world;
+    const uint64_t S = ((pitch_vecs != 0 ? pitch_vecs : nvec) + a.world - 1) / a.world;
     const uint32_t me = a.rank;
     const auto slice_len = [&](uint32_t s) -> uint64_t {
         const uint64_t from = s * S;
@@ -133,9 +136,11 @@ __device__ __forceinline__ uint32_t peer_twoshot_parts(const PeerArgs& a, uint64
 // twoshot-pull: the whole call in one launch, part after part, each as the call number it
 // would have as a launch of its own (c.seq + j: its data parity and barrier values), so that
 // no part waits for a kernel boundary. A part reuses a staging half two parts later, once
-// every peer has passed the barrier that ends this rank's reads of it. The previous call's
-// mailboxes are reset once every peer is seen (the first barrier), since a peer's next call
-// may push into the same buffer as that call did when the parts are 3k + 2. Returns the
+// every peer has passed the barrier that ends this rank's reads of it; those barriers join
+// block b with block b only, so every part lays its slots with the pitch of a whole part
+// and each staging vector is written and read by the same block in every part. The previous
+// call's mailboxes are reset once every peer is seen (the first barrier), since a peer's next
+// call may push into the same buffer as that call did when the parts are 3k + 2. Returns the
 // number of parts, the calls that the epilogue counts, also when a part fails.
 template <int DT, int OP> __device__ uint32_t peer_twoshot_pull(const PeerArgs& a, const PeerCtx& c) {
     const uint64_t size = PeerDt<DT>::SIZE, bytes = a.count * size;
@@ -146,7 +151,8 @@ template <int DT, int OP> __device__ uint32_t peer_twoshot_pull(const PeerArgs& 
         const uint64_t n = (bytes - at < step ? bytes - at : step) / size;
         PeerCtx part = c;
         part.seq = c.seq + j;
-        if (!peer_twoshot_part<DT, OP>(a, part, a.input + at, a.output + at, n, at, j == 0)) break;
+        const uint64_t pitch_vecs = parts > 1 ? step / 16 : 0;
+        if (!peer_twoshot_part<DT, OP>(a, part, a.input + at, a.output + at, n, at, pitch_vecs, j == 0)) break;
         if (j == 0) peer_reset_old_mailboxes(a, c, PEER_RESET_ALL);
     }
     return parts;

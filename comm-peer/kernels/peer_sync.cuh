@@ -69,7 +69,7 @@
 #define PEER_TRACE_CALLS 4096  // records of the trace ring (comm_peer::trace)
 #define PEER_MAX_THREADS 512
 // Signal channels: the user's 4, then the communicator's own (comm_peer::layout).
-#define PEER_CHANNELS 6
+#define PEER_CHANNELS 7
 
 // status[0] codes (comm_peer::status mirrors them).
 #define PEER_OK 0

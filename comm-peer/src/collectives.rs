@@ -470,11 +470,11 @@ impl PeerComm {
         })
     }
 
-    /// A device barrier of every rank (signals on channel 0), waited for here
-    /// ([`crate::PeerGroup::barrier_and_wait`]).
+    /// A device barrier of every rank (signals on the communicator's own channel, apart
+    /// from the user's), waited for here ([`crate::PeerGroup::barrier_and_wait`]).
     pub fn device_barrier(&self) -> Result<()> {
         let stream: RawStream = raw_stream(&self.barrier_stream);
-        self.group.barrier_and_wait(stream, 0)
+        self.group.barrier_and_wait(stream)
     }
 }
 

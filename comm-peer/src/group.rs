@@ -13,7 +13,9 @@ use comm_core::cuda::{DeviceBuffer, driver_error, probe};
 use comm_core::{Error, RawStream, Result};
 
 use crate::kernels::{Kernels, PeerArgs};
-use crate::layout::{ALL_CHANNELS, CHANNELS, HEADER_BYTES, MAX_RANKS, STATE_BYTES};
+use crate::layout::{
+    ALL_CHANNELS, BARRIER_CHANNEL, CHANNELS, HEADER_BYTES, MAX_RANKS, STATE_BYTES,
+};
 use crate::progress;
 use crate::residency::Residency;
 use crate::source::PeerSource;
@@ -356,19 +358,20 @@ impl PeerGroup {
         )
     }
 
-    /// [`Self::barrier`] on `stream`, then a bounded wait here until its kernel has seen
-    /// every rank arrive.
+    /// A barrier as [`Self::barrier`] on `stream`, on the communicator's own channel (a
+    /// user's signals on theirs are not counted as its own), then a bounded wait here until
+    /// its kernel has seen every rank arrive.
     ///
     /// The kernel says so in the host-mapped status; the host does not wait for `stream`.
     /// Where ranks share a device in one process, the first rank's barrier stream was
     /// measured to complete (as the host sees it) only once a peer's next kernel, spinning
     /// until this rank's next call, had given up: as if the two streams shared a hardware
     /// queue. Work enqueued on `stream` after the barrier still follows it.
-    pub fn barrier_and_wait(&self, stream: RawStream, channel: usize) -> Result<()> {
+    pub fn barrier_and_wait(&self, stream: RawStream) -> Result<()> {
         self.live()?;
         let ticket = self.barriers.get().wrapping_add(1).max(1);
         self.barriers.set(ticket);
-        self.barrier_with_ticket(stream, channel, ticket)?;
+        self.barrier_with_ticket(stream, CHANNELS + BARRIER_CHANNEL, ticket)?;
         let (status, timeout) = (&self.status, self.timeout);
         let waited = poll_until(timeout + HOST_MARGIN, "a peer-memory barrier", || {
             if status.barrier_passed() == ticket {

@@ -16,8 +16,11 @@ pub const MAX_THREADS: u32 = 512;
 /// User signal channels of the primitives.
 pub const CHANNELS: usize = 4;
 /// Channels the communicator keeps for itself, after the user's: the copy algorithm's
-/// (`copies`: parts staged, parts read).
-pub const OWN_CHANNELS: usize = 2;
+/// (`copies`: parts staged, parts read) and the communicator's barrier's
+/// ([`BARRIER_CHANNEL`]), so that none counts a user's signals as its own.
+pub const OWN_CHANNELS: usize = 3;
+/// The own channel (counted after the user's) of `Communicator::barrier`.
+pub const BARRIER_CHANNEL: usize = 2;
 /// Every channel of the pads and signal counters.
 pub const ALL_CHANNELS: usize = CHANNELS + OWN_CHANNELS;
 /// Words of a call descriptor the kernels compare (`PeerCall`: the words and a tag).
@@ -198,7 +201,7 @@ mod tests {
         assert!(h.contains("    alignas(128) uint4 digests[2][PEER_MAX_RANKS];\n};"));
         assert_eq!(DIGESTS_OFFSET, 9472);
         assert_eq!(CALLS_OFFSET % 8, 0);
-        assert_eq!(CALLS_OFFSET, (2 * 128 * 8 + 6 * 8) * 4);
+        assert_eq!(CALLS_OFFSET, (2 * 128 * 8 + 7 * 8) * 4);
     }
 
     #[test]
