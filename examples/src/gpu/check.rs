@@ -102,6 +102,9 @@ pub fn run_rank(bootstrap: Arc<dyn Bootstrap>, opts: &Options) -> bool {
         if check.zero_copy {
             steps.push(("zero-copy, input as output", Check::aliased));
         }
+        if algo == Algorithm::OneshotPush {
+            steps.push(("changing sizes over 770 calls", Check::changing_sizes));
+        }
         steps.extend([
             ("sweep vs f64 (eager + zero-copy)", Check::sweep as Step),
             ("fused rmsnorm vs f64", Check::fused),
@@ -313,6 +316,27 @@ impl Check {
             largest(DType::BF16),
             self.eager_only()
         ))
+    }
+
+    /// 770 calls whose sizes change from call to call, each against the f64 reference and
+    /// every fifth in place: a push mailbox keeps the words of earlier, larger calls beyond
+    /// the reach of the smaller ones since, and those must never pass for new data.
+    fn changing_sizes(&self) -> Result<String> {
+        // bf16 elements: 100 KB, 8 B, one vector and an element, 2 B, 42 KB, 122 KB.
+        const COUNTS: [usize; 6] = [51_200, 4, 4097, 1, 21_504, 61_000];
+        const CALLS: usize = 3 * 253 + 11;
+        for i in 0..CALLS {
+            let count = COUNTS[i % COUNTS.len()];
+            self.one_case(
+                DType::BF16,
+                ReduceOp::Sum,
+                count,
+                9_000 + i as u64,
+                false,
+                i % 5 == 4,
+            )?;
+        }
+        Ok(format!("{CALLS} calls of 1..={} bf16", COUNTS[5]))
     }
 
     /// What a detail line adds where the zero-copy cases ran on device memory.
