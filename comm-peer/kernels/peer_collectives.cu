@@ -287,34 +287,67 @@ __device__ void peer_oneshot_flagged(const PeerArgs& a, const PeerCtx& c, uint64
 }
 
 // oneshot-stream: one-shot push over host memory for larger messages, streamed: the message
-// is cut into chunks of a.part bytes. The last a.writers blocks write (writer w: chunks w,
-// w + writers, ...), the other `readers` blocks read: one a chunk in turn (reader r: chunks
-// r, r + readers, ...), or, where there are two or more per chunk, a group of them each
-// (peer_stream_read_grouped). A writer stores its chunk into sender slot peer_slot(r, p) of
-// every peer p's data half of this call's parity, then releases the chunk's flag to every
-// peer (PeerPad.flags[0][chunk][sender], the value of a first barrier), and goes on to its
-// next chunk without waiting; a reader waits for every peer's flag of its chunk, then reduces
-// the peers' slots with its own input, in rank order. So reads of early chunks cross the link
-// while later chunks are still being written (the link carries writes and reads in opposite
-// directions). Every byte crosses the link once each way: one-shot pull reads its own data
-// back, Lamport mailboxes need a second write of each (their reset). Calls are compared by
-// block 0 (a reader, with the wait for its first chunk); the other readers wait for its
-// verdict in device memory before they write output (peer_share_agreement). Writers write
-// only into this call's staging half, which no rank reads before its flags, and nothing a
-// rank reads is written there again too early: a peer writes this half again two calls
-// later, after its next call saw every flag of this rank's next call, which this rank
-// raises only after this call's reads (a kernel boundary). No closing barrier. In place, a
-// chunk's readers also wait until this rank's writer has sent it (PeerState.chunk_sent, in
-// device memory): they overwrite the input it sends from.
+// is cut into chunks (of a.part bytes, or tapered: peer_chunk_start). The last a.writers
+// blocks write (writer w: chunks w, w + writers, ...), the other `readers` blocks read: one a
+// chunk in turn (reader r: chunks r, r + readers, ...), or, where there are two or more per
+// chunk, a group of them each (peer_stream_read_grouped). A writer stores its chunk into
+// sender slot peer_slot(r, p) of every peer p's data half of this call's parity, then
+// releases the chunk's flag to every peer (PeerPad.flags[0][chunk][sender], the value of a
+// first barrier), and goes on to its next chunk without waiting; a reader waits for every
+// peer's flag of its chunk, then reduces the peers' slots with its own input, in rank order.
+// So reads of early chunks cross the link while later chunks are still being written (the
+// link carries writes and reads in opposite directions). Every byte crosses the link once
+// each way: one-shot pull reads its own data back, Lamport mailboxes need a second write of
+// each (their reset). Calls are compared by block 0 (a reader, with the wait for its first
+// chunk); the other readers wait for its verdict in device memory before they write output
+// (peer_share_agreement). Writers write only into this call's staging half, which no rank
+// reads before its flags, and nothing a rank reads is written there again too early: a peer
+// writes this half again two calls later, after its next call saw every flag of this rank's
+// next call, which this rank raises only after this call's reads (a kernel boundary). No
+// closing barrier. In place, a chunk's readers also wait until this rank's writer has sent it
+// (PeerState.chunk_sent, in device memory): they overwrite the input it sends from.
 __device__ __forceinline__ uint32_t peer_stream_readers(const PeerArgs& a) { return gridDim.x - a.writers; }
+
+// The first vector of chunk k of a streamed one-shot push: a.part bytes a chunk, or where
+// the chunks taper (TAPERED, the kernels peer_oneshot_tapered_*: Streamed::taper), a first
+// chunk of a.taper_vecs vectors, then a.taper_big chunks of a.part bytes, then chunks of
+// a.taper_vecs again, so that the first chunk's flag comes early and little is left to read
+// after the last flag.
+template <bool TAPERED> __device__ __forceinline__ uint64_t peer_chunk_start(const PeerArgs& a, uint64_t k) {
+    const uint64_t cv = a.part / 16;
+    if constexpr (!TAPERED) return k * cv;
+    const uint64_t cs = a.taper_vecs, big = a.taper_big;
+    if (k == 0) return 0;
+    return k <= big + 1 ? cs + (k - 1) * cv : cs + big * cv + (k - 1 - big) * cs;
+}
+
+// The end of chunk k (the message's end for the last).
+template <bool TAPERED>
+__device__ __forceinline__ uint64_t peer_chunk_end(const PeerArgs& a, uint64_t k, uint64_t nvec) {
+    const uint64_t end = TAPERED ? peer_chunk_start<TAPERED>(a, k + 1) : (k + 1) * (a.part / 16);
+    return end < nvec ? end : nvec;
+}
+
+// The chunks of a streamed one-shot push of nvec vectors.
+template <bool TAPERED> __device__ __forceinline__ uint64_t peer_chunk_count(const PeerArgs& a, uint64_t nvec) {
+    const uint64_t cv = a.part / 16;
+    if constexpr (!TAPERED) return (nvec + cv - 1) / cv;
+    const uint64_t cs = a.taper_vecs, head = cs + a.taper_big * cv;
+    return 1 + a.taper_big + (nvec > head ? (nvec - head + cs - 1) / cs : 0);
+}
 
 // This thread's first input vector in a streamed one-shot push (its writer block's first
 // chunk), or ~0 where it has none (readers, threads past the chunk or the message).
-__device__ __forceinline__ uint64_t peer_stream_first(const PeerArgs& a, uint64_t nvec) {
+template <bool TAPERED> __device__ __forceinline__ uint64_t peer_stream_first(const PeerArgs& a, uint64_t nvec) {
     const uint32_t readers = peer_stream_readers(a);
-    if (blockIdx.x < readers || threadIdx.x >= a.part / 16) return ~0ull;
-    const uint64_t v = (uint64_t)(blockIdx.x - readers) * (a.part / 16) + threadIdx.x;
-    return v < nvec ? v : ~0ull;
+    if constexpr (!TAPERED) {
+        if (blockIdx.x < readers || threadIdx.x >= a.part / 16) return ~0ull;
+        const uint64_t v = (uint64_t)(blockIdx.x - readers) * (a.part / 16) + threadIdx.x;
+        return v < nvec ? v : ~0ull;
+    }
+    if (blockIdx.x < readers) return ~0ull;
+    const uint64_t k = blockIdx.x - readers, v = peer_chunk_start<true>(a, k) + threadIdx.x;
+    return v < peer_chunk_end<true>(a, k, nvec) ? v : ~0ull;
 }
 
 // The readers of a streamed push with `per` (>= 2) blocks a chunk: reader block b is block
@@ -353,7 +386,7 @@ __device__ void peer_stream_read_grouped(const PeerArgs& a, const PeerCtx& c, co
 
 // The readers of a streamed push with one block a chunk: reader r reads chunks r, r +
 // readers, ... Block 0 also compares the calls, with the wait for its first chunk.
-template <int DT, int OP>
+template <int DT, int OP, bool TAPERED>
 __device__ void peer_stream_read_each(const PeerArgs& a, const PeerCtx& c, const uint4* inbox, uint64_t nvec,
                                       uint64_t chunks, bool in_place, bool split, uint32_t q) {
     const uint64_t cv = a.part / 16;
@@ -374,19 +407,28 @@ __device__ void peer_stream_read_each(const PeerArgs& a, const PeerCtx& c, const
             __syncthreads();
             if (*c.dead) return;
         }
-        const uint64_t to = (k + 1) * cv < nvec ? (k + 1) * cv : nvec;
-        peer_reduce_slots<DT, OP>(a, inbox, nvec, k * cv + threadIdx.x, to, blockDim.x);
+        if constexpr (TAPERED) {
+            peer_reduce_slots<DT, OP>(a, inbox, nvec, peer_chunk_start<true>(a, k) + threadIdx.x,
+                                      peer_chunk_end<true>(a, k, nvec), blockDim.x);
+        } else {
+            const uint64_t to = (k + 1) * cv < nvec ? (k + 1) * cv : nvec;
+            peer_reduce_slots<DT, OP>(a, inbox, nvec, k * cv + threadIdx.x, to, blockDim.x);
+        }
     }
 }
 
 // GROUPED: the readers come in groups of two or more a chunk (the kernels
 // peer_oneshot_grouped_*, which the host launches only with such grids: Streamed::grouped;
-// those of one reader a chunk carry none of the groups' code).
-template <int DT, int OP, bool GROUPED>
+// those of one reader a chunk carry none of the groups' code). TAPERED: the chunks taper
+// (peer_chunk_start; one reader a chunk), in kernels of their own too, and the even cut
+// keeps its own expressions below, so that the even kernels' images are those measured
+// before the taper: with its code among theirs, 256-512 KiB (even chunks) took 0.3-1.1 us
+// longer (one H100, two ranks, graphs).
+template <int DT, int OP, bool GROUPED, bool TAPERED>
 __device__ void peer_oneshot_streamed(const PeerArgs& a, const PeerCtx& c, uint64_t nvec, uint4 first) {
     const bool aligned = a.aligned != 0;
     const uint64_t dbuf = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
-    const uint64_t cv = a.part / 16, chunks = (nvec + cv - 1) / cv;
+    const uint64_t cv = a.part / 16, chunks = TAPERED ? peer_chunk_count<TAPERED>(a, nvec) : (nvec + cv - 1) / cv;
     const uint32_t readers = peer_stream_readers(a), world = a.world, me = a.rank;
     const uint32_t value = 2u * c.seq + 1u, p = threadIdx.x;
     const bool in_place = a.input == a.output;
@@ -397,9 +439,10 @@ __device__ void peer_oneshot_streamed(const PeerArgs& a, const PeerCtx& c, uint6
                 reinterpret_cast<uint4*>(c.region[q] + dbuf)[peer_slot(me, q) * nvec + v] = w;
             }
         };
-        const uint64_t first_v = peer_stream_first(a, nvec);
+        const uint64_t first_v = peer_stream_first<TAPERED>(a, nvec);
         for (uint64_t k = blockIdx.x - readers; k < chunks; k += a.writers) {
-            const uint64_t from = k * cv, to = from + cv < nvec ? from + cv : nvec;
+            const uint64_t from = TAPERED ? peer_chunk_start<TAPERED>(a, k) : k * cv;
+            const uint64_t to = TAPERED ? peer_chunk_end<TAPERED>(a, k, nvec) : from + cv < nvec ? from + cv : nvec;
             uint64_t v = from + threadIdx.x;
             if (v == first_v) {
                 send(v, first);
@@ -425,7 +468,7 @@ __device__ void peer_oneshot_streamed(const PeerArgs& a, const PeerCtx& c, uint6
     if constexpr (GROUPED) {
         peer_stream_read_grouped<DT, OP>(a, c, inbox, nvec, readers / (uint32_t)chunks, in_place, split, q);
     } else {
-        peer_stream_read_each<DT, OP>(a, c, inbox, nvec, chunks, in_place, split, q);
+        peer_stream_read_each<DT, OP, TAPERED>(a, c, inbox, nvec, chunks, in_place, split, q);
     }
 }
 
@@ -515,6 +558,7 @@ template <int DT, int OP> __device__ void peer_sum_staged(const PeerArgs& a) {
 #define PEER_ONESHOT_LOCAL 5
 #define PEER_ONESHOT_STREAM 6
 #define PEER_ONESHOT_GROUPED 7
+#define PEER_ONESHOT_TAPERED 8
 
 template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(const PeerArgs& a) {
     PEER_PROLOGUE_WAIT(a)
@@ -522,12 +566,13 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(c
     // The one-shot kernels' first input vector of this thread, loaded while thread 0 loads
     // the call state, so that the first store (to the data buffer or the peers' mailboxes)
     // waits for one memory round trip, not two. Zero-copy pull reads inputs where they lie.
-    constexpr bool streamed = ALGO == PEER_ONESHOT_STREAM || ALGO == PEER_ONESHOT_GROUPED;
+    constexpr bool streamed =
+        ALGO == PEER_ONESHOT_STREAM || ALGO == PEER_ONESHOT_GROUPED || ALGO == PEER_ONESHOT_TAPERED;
     constexpr bool oneshot =
         ALGO == PEER_ONESHOT_PULL || ALGO == PEER_ONESHOT_PUSH || ALGO == PEER_ONESHOT_LOCAL || streamed;
     // A streamed one-shot push's writer loads the first vector of its first chunk.
     uint64_t v_first;
-    if constexpr (streamed) v_first = peer_stream_first(a, nvec);
+    if constexpr (streamed) v_first = peer_stream_first<ALGO == PEER_ONESHOT_TAPERED>(a, nvec);
     else v_first = peer_tid();
     const bool early = oneshot && v_first < nvec && (ALGO != PEER_ONESHOT_PULL || a.inputs == nullptr);
     const uint4 first = early ? peer_load_user<DT>(a.input, v_first, a.count, a.aligned != 0) : uint4{};
@@ -541,7 +586,8 @@ template <int ALGO, int DT, int OP> __device__ void peer_all_reduce_over_peers(c
         if (a.writers != 0) peer_oneshot_flagged<DT, OP>(a, c, nvec, first);
         else peer_oneshot_lamport<DT, OP, false>(a, c, nvec, first);
     }
-    else if constexpr (streamed) peer_oneshot_streamed<DT, OP, ALGO == PEER_ONESHOT_GROUPED>(a, c, nvec, first);
+    else if constexpr (streamed)
+        peer_oneshot_streamed<DT, OP, ALGO == PEER_ONESHOT_GROUPED, ALGO == PEER_ONESHOT_TAPERED>(a, c, nvec, first);
     else if constexpr (ALGO == PEER_ONESHOT_LOCAL) peer_oneshot_lamport<DT, OP, true>(a, c, nvec, first);
     else peer_twoshot_push<DT, OP>(a, c, nvec);
     // Push kernels reset what peers wrote while their own data travels (a large one-shot
@@ -881,7 +927,7 @@ extern "C" __global__ void peer_agree_only(PeerArgs a) {
 
 // ---------------------------------------------------------------------------------------
 // Names: peer_<oneshot_pull|twoshot_pull|oneshot_push|twoshot_push|oneshot_copy|oneshot_local|
-// oneshot_stream>_<f32|f16|bf16>_<op>,
+// oneshot_stream|oneshot_grouped|oneshot_tapered>_<f32|f16|bf16>_<op>,
 // peer_reduce_scatter_<dtype>_<op> (op: sum, avg, max, min).
 
 #define PEER_AR(ALGO, ANAME, DT, DNAME, OP, ONAME)                                                             \
@@ -901,6 +947,7 @@ extern "C" __global__ void peer_agree_only(PeerArgs a) {
     PEER_AR(PEER_ONESHOT_LOCAL, oneshot_local, DT, DNAME, OP, ONAME)  \
     PEER_AR(PEER_ONESHOT_STREAM, oneshot_stream, DT, DNAME, OP, ONAME) \
     PEER_AR(PEER_ONESHOT_GROUPED, oneshot_grouped, DT, DNAME, OP, ONAME) \
+    PEER_AR(PEER_ONESHOT_TAPERED, oneshot_tapered, DT, DNAME, OP, ONAME) \
     PEER_RS(DT, DNAME, OP, ONAME)
 #define PEER_DTYPE(DT, DNAME)                 \
     PEER_OPS(DT, DNAME, COMM_SUM, sum)        \

@@ -120,13 +120,16 @@ pub(crate) struct Streamed {
     pub chunk: usize,
     pub writers: u32,
     pub readers: u32,
+    /// Small first and last chunks: their bytes and the chunks of `chunk` bytes between the
+    /// first and the last ones (None: every chunk `chunk` bytes).
+    pub taper: Option<(usize, u32)>,
 }
 
 impl Streamed {
     /// Whether a message of `bytes` has two or more readers a chunk (the kernel then reads
     /// each chunk with a group of blocks: `peer_oneshot_grouped_*`).
     pub(crate) fn grouped(&self, bytes: usize) -> bool {
-        self.readers as usize >= 2 * bytes.div_ceil(self.chunk)
+        self.taper.is_none() && self.readers as usize >= 2 * bytes.div_ceil(self.chunk)
     }
 
     /// The plan for `bytes` in at most `most_blocks` blocks (at least 2); `None` for a
@@ -150,6 +153,19 @@ impl Streamed {
     /// against 36.0 in another run, so 512 KiB keeps 8 chunks); 8 chunks of
     /// 2 readers: 512 KiB 39.5, 1 MiB 66.6; 1 MiB in 4 chunks of 256 KiB, 2 / 3 readers: 66.1
     /// / 64.2, against 63.8 in 8 of one.
+    ///
+    /// Chunks of 96 KiB and more taper: the first is half a chunk, so that its flag comes
+    /// early, and so are the last three or more, so that little is left to read once the last
+    /// flag has come (`taper`). One H100, two ranks, graphs, 6 rounds alternated, medians
+    /// (ranges), us, 2026-12-05: 768 KiB 51.00 (50.56-51.59) against 51.73 (50.01-53.02); 1
+    /// MiB 64.52 (63.83-64.61) against 69.84 (64.50-75.86: some runs fell into a slow mode
+    /// that the tapered cut did not show); 1.5 MiB 95.11 against 99.77; 2 MiB 123.50 against
+    /// 125.31; 4 MiB 228.12 against 230.64; 8 MiB 441.58 against 444.24. At 512 KiB (64 KiB
+    /// chunks) it was slower in each of the 6 rounds (37.91 against 37.40), so smaller chunks
+    /// keep their even cut. With the tapered kernels of their own (`peer_oneshot_tapered_*`),
+    /// 4 rounds ABBA against main: 1 MiB 63.81 (63.24-63.92) against 69.11 (63.98-74.48), 1.5
+    /// MiB 93.15 against 99.21, 2 MiB 122.19 against 124.50, 4 MiB 226.06 against 229.66, 8
+    /// MiB 438.87 against 442.70, 768 KiB 50.55 against 50.43.
     pub(crate) fn of(bytes: usize, most_blocks: u32) -> Option<Streamed> {
         const KIB: usize = 1 << 10;
         let most = most_blocks.clamp(2, MAX_BLOCKS);
@@ -174,17 +190,49 @@ impl Streamed {
             _ => 1,
         };
         let readers = (chunks * per_chunk).min(most - writers);
+        // Eight or more chunks of 96 KiB and more, a reader each, taper (see above).
+        if per_chunk == 1 && chunk >= 96 * KIB {
+            let (small, big, tail) = taper(bytes, chunk);
+            let chunks = 1 + big + tail;
+            if chunks <= MAX_BLOCKS as usize {
+                return Some(Streamed {
+                    chunk,
+                    writers,
+                    readers: chunks.min((most - writers) as usize) as u32,
+                    taper: Some((small, big as u32)),
+                });
+            }
+        }
         Some(Streamed {
             chunk,
             writers,
             readers,
+            taper: None,
         })
+    }
+
+    /// Vectors of the small chunks and the large chunks between them, as the kernel's
+    /// `taper_vecs` and `taper_big` take them.
+    pub(crate) fn taper_args(&self) -> (u32, u32) {
+        self.taper
+            .map_or((0, 0), |(small, big)| ((small / 16) as u32, big))
     }
 
     /// Blocks of the launch.
     pub(crate) fn blocks(&self) -> u32 {
         self.writers + self.readers
     }
+}
+
+/// A tapered cut of `bytes` in chunks of `chunk` (see [`Streamed::of`]): (small, big, tail),
+/// one chunk of `small` bytes (half a chunk), `big` chunks of `chunk` bytes, then `tail`
+/// chunks of `small` bytes, the last one shorter where `bytes` ends within it. The tail
+/// holds three small chunks at least.
+fn taper(bytes: usize, chunk: usize) -> (usize, usize, usize) {
+    let small = chunk / 2 / 16 * 16;
+    let big = bytes.saturating_sub(4 * small) / chunk;
+    let rest = bytes.saturating_sub(small + big * chunk);
+    (small, big, rest.div_ceil(small))
 }
 
 /// Work items (16-byte vectors per thread) of an all-reduce of `count` elements.
@@ -229,11 +277,17 @@ mod tests {
         assert_eq!(plan(256 * KIB), Some((64 * KIB, 2, 12)));
         assert_eq!(plan(384 * KIB), Some((96 * KIB, 2, 8)));
         assert_eq!(plan(512 * KIB), Some((64 * KIB, 2, 8)));
-        assert_eq!(plan(768 * KIB), Some((96 * KIB, 2, 8)));
+        // Tapered from 96 KiB chunks: a small chunk, six whole ones, three small ones.
+        assert_eq!(plan(768 * KIB), Some((96 * KIB, 2, 10)));
         let grouped = |bytes| Streamed::of(bytes, 44).unwrap().grouped(bytes);
         assert!(grouped(128 * KIB) && grouped(384 * KIB));
         assert!(!grouped(64 * KIB) && !grouped(512 * KIB) && !grouped(1 << 20));
-        assert_eq!(plan(1 << 20), Some((128 * KIB, 2, 8)));
+        assert_eq!(plan(1 << 20), Some((128 * KIB, 2, 10)));
+        let taper = |bytes| Streamed::of(bytes, 44).unwrap().taper;
+        assert_eq!(taper(512 * KIB), None);
+        assert_eq!(taper(384 * KIB), None, "two readers a chunk: grouped, even");
+        assert_eq!(taper(768 * KIB), Some((48 * KIB, 6)));
+        assert_eq!(taper(1 << 20), Some((64 * KIB, 6)));
         // At most one flag slot per chunk, and the blocks within the bound.
         let big = Streamed::of(64 << 20, 44).unwrap();
         assert_eq!(big.chunk, (64 << 20) / MAX_BLOCKS as usize);
@@ -247,6 +301,79 @@ mod tests {
             "six readers for four chunks: one a chunk"
         );
         assert_eq!(Streamed::of(1 << 20, 0).unwrap().blocks(), 2);
+    }
+
+    /// The kernel's `peer_chunk_start` and `peer_chunk_count`, as `PeerArgs` carries a plan.
+    fn kernel_chunks(plan: &Streamed, nvec: u64) -> Vec<(u64, u64)> {
+        let cv = plan.chunk as u64 / 16;
+        let (cs, big) = plan.taper_args();
+        let (cs, big) = (cs as u64, big as u64);
+        let start = |k: u64| match (cs, k) {
+            (0, k) => k * cv,
+            (_, 0) => 0,
+            (_, k) if k <= big + 1 => cs + (k - 1) * cv,
+            (_, k) => cs + big * cv + (k - 1 - big) * cs,
+        };
+        let count = if cs == 0 {
+            nvec.div_ceil(cv)
+        } else {
+            let head = cs + big * cv;
+            1 + big + nvec.saturating_sub(head).div_ceil(cs)
+        };
+        (0..count)
+            .map(|k| (start(k), start(k + 1).min(nvec)))
+            .collect()
+    }
+
+    #[test]
+    fn tapered_chunks_cover_the_message_once_each_within_the_flag_slots() {
+        const KIB: usize = 1 << 10;
+        for bytes in [
+            768 * KIB,
+            (1 << 20) - 16,
+            1 << 20,
+            (1 << 20) + 16,
+            (1 << 20) + 64 * KIB + 48,
+            3 << 20,
+            (8 << 20) + 16,
+            15 << 20,
+        ] {
+            let plan = Streamed::of(bytes, 44).unwrap();
+            let (small, big) = plan.taper.expect("tapered");
+            let chunks = kernel_chunks(&plan, bytes as u64 / 16);
+            assert!(
+                chunks.len() <= MAX_BLOCKS as usize,
+                "{bytes}: a flag slot a chunk"
+            );
+            assert_eq!(
+                chunks[0],
+                (0, small as u64 / 16),
+                "{bytes}: a small first chunk"
+            );
+            let mut next = 0;
+            for (i, &(from, to)) in chunks.iter().enumerate() {
+                assert_eq!(from, next, "{bytes}: chunk {i} starts where the last ended");
+                assert!(to > from, "{bytes}: chunk {i} is empty");
+                next = to;
+            }
+            assert_eq!(
+                next,
+                bytes as u64 / 16,
+                "{bytes}: the chunks end with the message"
+            );
+            let tail = &chunks[1 + big as usize..];
+            assert!(tail.len() >= 3, "{bytes}: three small chunks at the end");
+            assert!(tail.iter().all(|(f, t)| t - f <= small as u64 / 16));
+        }
+        // Too many chunks for the flag slots (from about 16 MiB): an even cut.
+        for bytes in [16 << 20, 64 << 20] {
+            let even = Streamed::of(bytes, 44).unwrap();
+            assert_eq!(even.taper, None, "{bytes}");
+            assert_eq!(
+                kernel_chunks(&even, bytes as u64 / 16).len(),
+                MAX_BLOCKS as usize
+            );
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@ use comm_core::{DType, Error, RawStream, ReduceOp, Result};
 
 use crate::algorithm::Algorithm;
 use crate::calls::{self, CallWords};
+use crate::grid::Streamed;
 use crate::residency::{Overlap, Residency};
 
 /// Every kernel of the layer as one NVRTC program: the headers are prepended, so no
@@ -82,6 +83,11 @@ pub(crate) struct PeerArgs {
     /// Its digest ([`crate::calls::digest`]), set by [`Kernels::launch`]: what peers
     /// compare first, so that no thread of the kernel hashes the call.
     pub call_digest: u64,
+    /// A tapered streamed one-shot push's small chunks, first and last: their vectors
+    /// ([`Streamed::taper`]; 0 for every other kernel, which reads neither field).
+    pub taper_vecs: u32,
+    /// Its chunks of `part` bytes between the first small one and the last ones.
+    pub taper_big: u32,
 }
 
 /// A reducing kernel, per dtype and op: an all-reduce of an algorithm, the one-shot push
@@ -93,6 +99,7 @@ enum Reducer {
     OneshotLocal,
     OneshotStream,
     OneshotGrouped,
+    OneshotTapered,
     ReduceScatter,
 }
 
@@ -103,6 +110,7 @@ impl Reducer {
             Reducer::OneshotLocal => "oneshot_local",
             Reducer::OneshotStream => "oneshot_stream",
             Reducer::OneshotGrouped => "oneshot_grouped",
+            Reducer::OneshotTapered => "oneshot_tapered",
             Reducer::ReduceScatter => "reduce_scatter",
         }
     }
@@ -129,9 +137,18 @@ pub(crate) fn all_reduce_kernel(
 /// `peer_oneshot_push` carries none of its code), or with `grouped` readers (several a chunk)
 /// `peer_oneshot_grouped_<dtype>_<op>`: a third kernel, since the groups' code in the
 /// streamed kernel cost messages of one reader a chunk ~1 us at 448 KiB-1 MiB (one H200,
-/// two ranks, graphs).
-pub(crate) fn streamed_push_kernel(dtype: DType, op: ReduceOp, grouped: bool) -> &'static str {
-    let reducer = if grouped {
+/// two ranks, graphs); or, where its chunks taper ([`Streamed::taper`]),
+/// `peer_oneshot_tapered_<dtype>_<op>`, whose code in the other two cost 256-512 KiB 0.3-1.1
+/// us (one H100, two ranks, graphs).
+pub(crate) fn streamed_push_kernel(
+    dtype: DType,
+    op: ReduceOp,
+    plan: &Streamed,
+    bytes: usize,
+) -> &'static str {
+    let reducer = if plan.taper.is_some() {
+        Reducer::OneshotTapered
+    } else if plan.grouped(bytes) {
         Reducer::OneshotGrouped
     } else {
         Reducer::OneshotStream
@@ -182,6 +199,7 @@ fn every_reducing_kernel() -> impl Iterator<Item = (Reducer, DType, ReduceOp)> {
                     Reducer::OneshotLocal,
                     Reducer::OneshotStream,
                     Reducer::OneshotGrouped,
+                    Reducer::OneshotTapered,
                     Reducer::ReduceScatter,
                 ])
                 .map(move |reducer| (reducer, dtype, op))
@@ -385,8 +403,8 @@ mod tests {
     fn every_loaded_name_is_a_kernel_of_the_source() {
         let names = every_kernel_name();
         // 9 kernels by name, and per dtype (3) and op (4): 5 all-reduces, the one-shot local
-        // and the two streamed one-shot push all-reduces, 1 reduce-scatter.
-        assert_eq!(names.len(), 9 + 3 * 4 * 9);
+        // and the three streamed one-shot push all-reduces, 1 reduce-scatter.
+        assert_eq!(names.len(), 9 + 3 * 4 * 10);
         assert!(
             COLLECTIVES
                 .source
@@ -396,6 +414,11 @@ mod tests {
             COLLECTIVES
                 .source
                 .contains("PEER_AR(PEER_ONESHOT_GROUPED, oneshot_grouped,")
+        );
+        assert!(
+            COLLECTIVES
+                .source
+                .contains("PEER_AR(PEER_ONESHOT_TAPERED, oneshot_tapered,")
         );
         for n in names
             .iter()
