@@ -287,7 +287,7 @@ __device__ void peer_oneshot_flagged(const PeerArgs& a, const PeerCtx& c, uint64
 }
 
 // oneshot-stream: one-shot push over host memory for larger messages, streamed: the message
-// is cut into chunks (of a.part bytes, or tapered: peer_chunk_start). The last a.writers
+// is cut into chunks (of a.part bytes, or tapered: peer_tapered_start). The last a.writers
 // blocks write (writer w: chunks w, w + writers, ...), the other `readers` blocks read: one a
 // chunk in turn (reader r: chunks r, r + readers, ...), or, where there are two or more per
 // chunk, a group of them each (peer_stream_read_grouped). A writer stores its chunk into
@@ -308,31 +308,26 @@ __device__ void peer_oneshot_flagged(const PeerArgs& a, const PeerCtx& c, uint64
 // (PeerState.chunk_sent, in device memory): they overwrite the input it sends from.
 __device__ __forceinline__ uint32_t peer_stream_readers(const PeerArgs& a) { return gridDim.x - a.writers; }
 
-// The first vector of chunk k of a streamed one-shot push: a.part bytes a chunk, or where
-// the chunks taper (TAPERED, the kernels peer_oneshot_tapered_*: Streamed::taper), a first
-// chunk of a.taper_vecs vectors, then a.taper_big chunks of a.part bytes, then chunks of
-// a.taper_vecs again, so that the first chunk's flag comes early and little is left to read
-// after the last flag.
-template <bool TAPERED> __device__ __forceinline__ uint64_t peer_chunk_start(const PeerArgs& a, uint64_t k) {
-    const uint64_t cv = a.part / 16;
-    if constexpr (!TAPERED) return k * cv;
-    const uint64_t cs = a.taper_vecs, big = a.taper_big;
+// The first vector of chunk k of a tapered streamed one-shot push (the kernels
+// peer_oneshot_tapered_*: Streamed::taper): a first chunk of a.taper_vecs vectors, then
+// a.taper_big chunks of a.part bytes, then chunks of a.taper_vecs again, so that the first
+// chunk's flag comes early and little is left to read after the last flag. (The even cut's
+// chunk k starts at k * a.part / 16.)
+__device__ __forceinline__ uint64_t peer_tapered_start(const PeerArgs& a, uint64_t k) {
+    const uint64_t cv = a.part / 16, cs = a.taper_vecs, big = a.taper_big;
     if (k == 0) return 0;
     return k <= big + 1 ? cs + (k - 1) * cv : cs + big * cv + (k - 1 - big) * cs;
 }
 
-// The end of chunk k (the message's end for the last).
-template <bool TAPERED>
-__device__ __forceinline__ uint64_t peer_chunk_end(const PeerArgs& a, uint64_t k, uint64_t nvec) {
-    const uint64_t end = TAPERED ? peer_chunk_start<TAPERED>(a, k + 1) : (k + 1) * (a.part / 16);
+// The end of tapered chunk k (the message's end for the last).
+__device__ __forceinline__ uint64_t peer_tapered_end(const PeerArgs& a, uint64_t k, uint64_t nvec) {
+    const uint64_t end = peer_tapered_start(a, k + 1);
     return end < nvec ? end : nvec;
 }
 
-// The chunks of a streamed one-shot push of nvec vectors.
-template <bool TAPERED> __device__ __forceinline__ uint64_t peer_chunk_count(const PeerArgs& a, uint64_t nvec) {
-    const uint64_t cv = a.part / 16;
-    if constexpr (!TAPERED) return (nvec + cv - 1) / cv;
-    const uint64_t cs = a.taper_vecs, head = cs + a.taper_big * cv;
+// The tapered chunks of a message of nvec vectors.
+__device__ __forceinline__ uint64_t peer_tapered_count(const PeerArgs& a, uint64_t nvec) {
+    const uint64_t cv = a.part / 16, cs = a.taper_vecs, head = cs + a.taper_big * cv;
     return 1 + a.taper_big + (nvec > head ? (nvec - head + cs - 1) / cs : 0);
 }
 
@@ -346,8 +341,8 @@ template <bool TAPERED> __device__ __forceinline__ uint64_t peer_stream_first(co
         return v < nvec ? v : ~0ull;
     }
     if (blockIdx.x < readers) return ~0ull;
-    const uint64_t k = blockIdx.x - readers, v = peer_chunk_start<true>(a, k) + threadIdx.x;
-    return v < peer_chunk_end<true>(a, k, nvec) ? v : ~0ull;
+    const uint64_t k = blockIdx.x - readers, v = peer_tapered_start(a, k) + threadIdx.x;
+    return v < peer_tapered_end(a, k, nvec) ? v : ~0ull;
 }
 
 // The readers of a streamed push with `per` (>= 2) blocks a chunk: reader block b is block
@@ -408,8 +403,8 @@ __device__ void peer_stream_read_each(const PeerArgs& a, const PeerCtx& c, const
             if (*c.dead) return;
         }
         if constexpr (TAPERED) {
-            peer_reduce_slots<DT, OP>(a, inbox, nvec, peer_chunk_start<true>(a, k) + threadIdx.x,
-                                      peer_chunk_end<true>(a, k, nvec), blockDim.x);
+            peer_reduce_slots<DT, OP>(a, inbox, nvec, peer_tapered_start(a, k) + threadIdx.x,
+                                      peer_tapered_end(a, k, nvec), blockDim.x);
         } else {
             const uint64_t to = (k + 1) * cv < nvec ? (k + 1) * cv : nvec;
             peer_reduce_slots<DT, OP>(a, inbox, nvec, k * cv + threadIdx.x, to, blockDim.x);
@@ -420,7 +415,7 @@ __device__ void peer_stream_read_each(const PeerArgs& a, const PeerCtx& c, const
 // GROUPED: the readers come in groups of two or more a chunk (the kernels
 // peer_oneshot_grouped_*, which the host launches only with such grids: Streamed::grouped;
 // those of one reader a chunk carry none of the groups' code). TAPERED: the chunks taper
-// (peer_chunk_start; one reader a chunk), in kernels of their own too, and the even cut
+// (peer_tapered_start; one reader a chunk), in kernels of their own too, and the even cut
 // keeps its own expressions below, so that the even kernels' images are those measured
 // before the taper: with its code among theirs, 256-512 KiB (even chunks) took 0.3-1.1 us
 // longer (one H100, two ranks, graphs).
@@ -428,7 +423,7 @@ template <int DT, int OP, bool GROUPED, bool TAPERED>
 __device__ void peer_oneshot_streamed(const PeerArgs& a, const PeerCtx& c, uint64_t nvec, uint4 first) {
     const bool aligned = a.aligned != 0;
     const uint64_t dbuf = a.off_data + (uint64_t)(c.seq & 1u) * a.cap;
-    const uint64_t cv = a.part / 16, chunks = TAPERED ? peer_chunk_count<TAPERED>(a, nvec) : (nvec + cv - 1) / cv;
+    const uint64_t cv = a.part / 16, chunks = TAPERED ? peer_tapered_count(a, nvec) : (nvec + cv - 1) / cv;
     const uint32_t readers = peer_stream_readers(a), world = a.world, me = a.rank;
     const uint32_t value = 2u * c.seq + 1u, p = threadIdx.x;
     const bool in_place = a.input == a.output;
@@ -441,8 +436,8 @@ __device__ void peer_oneshot_streamed(const PeerArgs& a, const PeerCtx& c, uint6
         };
         const uint64_t first_v = peer_stream_first<TAPERED>(a, nvec);
         for (uint64_t k = blockIdx.x - readers; k < chunks; k += a.writers) {
-            const uint64_t from = TAPERED ? peer_chunk_start<TAPERED>(a, k) : k * cv;
-            const uint64_t to = TAPERED ? peer_chunk_end<TAPERED>(a, k, nvec) : from + cv < nvec ? from + cv : nvec;
+            const uint64_t from = TAPERED ? peer_tapered_start(a, k) : k * cv;
+            const uint64_t to = TAPERED ? peer_tapered_end(a, k, nvec) : from + cv < nvec ? from + cv : nvec;
             uint64_t v = from + threadIdx.x;
             if (v == first_v) {
                 send(v, first);

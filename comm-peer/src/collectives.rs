@@ -321,17 +321,20 @@ impl PeerComm {
                 };
                 let (kernel, grid, args) = match streamed {
                     // Chunk after chunk, each with its flag, read while later ones are written.
-                    Some(streamed) => (
-                        streamed_push_kernel(call.dtype, op, &streamed, chunk.bytes),
-                        (streamed.blocks(), self.config.threads),
-                        PeerArgs {
-                            part: streamed.chunk as u64,
-                            writers: streamed.writers,
-                            taper_vecs: streamed.taper_args().0,
-                            taper_big: streamed.taper_args().1,
-                            ..args
-                        },
-                    ),
+                    Some(streamed) => {
+                        let (taper_vecs, taper_big) = streamed.taper_args();
+                        (
+                            streamed_push_kernel(call.dtype, op, &streamed, chunk.bytes),
+                            (streamed.blocks(), self.config.threads),
+                            PeerArgs {
+                                part: streamed.chunk as u64,
+                                writers: streamed.writers,
+                                taper_vecs,
+                                taper_big,
+                                ..args
+                            },
+                        )
+                    }
                     None => {
                         let work = all_reduce_work(
                             plan.algorithm,

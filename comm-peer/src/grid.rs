@@ -303,7 +303,8 @@ mod tests {
         assert_eq!(Streamed::of(1 << 20, 0).unwrap().blocks(), 2);
     }
 
-    /// The kernel's `peer_chunk_start` and `peer_chunk_count`, as `PeerArgs` carries a plan.
+    /// The kernel's chunks (`peer_tapered_start` and `peer_tapered_count`; k * part for the
+    /// even cut), as `PeerArgs` carries a plan.
     fn kernel_chunks(plan: &Streamed, nvec: u64) -> Vec<(u64, u64)> {
         let cv = plan.chunk as u64 / 16;
         let (cs, big) = plan.taper_args();
