@@ -158,7 +158,8 @@ struct PeerArgs {
     uint32_t call[PEER_CALL_WORDS + 1];  // this call, as every rank must see it (last word unused)
     uint64_t call_digest;     // its 64-bit digest (comm_peer::calls::digest), what peers compare first
     uint32_t taper_vecs;      // streamed one-shot push: vectors of its small first and last chunks (tapered kernels)
-    uint32_t taper_big;       // streamed one-shot push with small chunks: the chunks of `part` bytes between
+    uint32_t taper_big;       // streamed one-shot push with small chunks: its chunks of `part` bytes, between
+                              // the small first one and the small last ones (tapered kernels)
 };
 
 // ---------------------------------------------------------------------------------------
