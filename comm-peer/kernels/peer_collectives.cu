@@ -161,7 +161,10 @@ template <int DT, int OP> __device__ uint32_t peer_twoshot_pull(const PeerArgs& 
 // The wait and reduction of the one-shot Lamport kernels once this rank's data is out:
 // every peer's slot at box(p), the calls compared with the wait for each thread's first
 // vector (peer_poll_agreeing; own0, its own contribution, loaded already), then the rest
-// in batches. With `late`, the previous call's slots are reset after the first wait.
+// in batches. With `late`, the previous call's slots are reset after the first wait. The
+// verdict (peer_share_agreement) needs no ordering here, every vector shows by itself
+// whether it has come: a release would hold block 0 until its writes before it (its
+// pushes, and with `late` that reset) reached host memory.
 template <int DT, int OP, typename Box>
 __device__ void peer_reduce_arrivals(const PeerArgs& a, const PeerCtx& c, Box box, uint64_t nvec, bool have,
                                      uint4 own0, bool late) {
@@ -171,7 +174,7 @@ __device__ void peer_reduce_arrivals(const PeerArgs& a, const PeerCtx& c, Box bo
     if (!peer_poll_agreeing<DT>(a, c, box, have, own0, v0, w0)) return;
     if (late) peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
     const uint4 r0 = have ? peer_reduce<DT, OP>(a, w0) : uint4{};
-    if (!peer_share_agreement(a, c)) return;
+    if (!peer_share_agreement(a, c, false)) return;
     if (have) peer_store_user<DT>(a.output, v0, a.count, aligned, r0);
     peer_reduce_batches<DT, OP>(
         a, c, box, v0 + peer_stride(), nvec, [](uint64_t v) { return v; },

@@ -488,12 +488,19 @@ __device__ __forceinline__ bool peer_compares_calls(const PeerArgs& a) {
 
 // The end of a first wait (every thread; after its __syncthreads): block 0 tells the other
 // blocks that the calls agree; they wait for that. False when the block must stop.
-__device__ bool peer_share_agreement(const PeerArgs& a, const PeerCtx& c) {
+// `ordered`: the verdict is a release, so that what block 0 saw before it (a barrier's
+// flags, and so the data they guard) is seen by the blocks that wait for it; without it a
+// plain store, where every block's data shows by itself whether it has come (Lamport).
+__device__ bool peer_share_agreement(const PeerArgs& a, const PeerCtx& c, bool ordered = true) {
     if (a.host == 0 || gridDim.x == 1) return !*c.dead;
     const uint32_t want = c.seq + 1u;
     if (blockIdx.x == 0) {
-        if (threadIdx.x == 0 && !*c.dead)
-            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&c.state->agreed), "r"(want) : "memory");
+        if (threadIdx.x == 0 && !*c.dead) {
+            if (ordered)
+                asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&c.state->agreed), "r"(want) : "memory");
+            else
+                asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(&c.state->agreed), "r"(want) : "memory");
+        }
         return !*c.dead;
     }
     if (threadIdx.x == 0 && !*c.dead)
