@@ -164,17 +164,19 @@ template <int DT, int OP> __device__ uint32_t peer_twoshot_pull(const PeerArgs& 
 // in batches. With `late`, the previous call's slots are reset after the first wait. The
 // verdict (peer_share_agreement) needs no ordering here, every vector shows by itself
 // whether it has come: a release would hold block 0 until its writes before it (its
-// pushes, and with `late` that reset) reached host memory.
+// pushes, and with `late` that reset) reached host memory. Between two ranks the verdict
+// comes with the peer's digest, ahead of the data (peer_poll_agreeing's agreed_early).
 template <int DT, int OP, typename Box>
 __device__ void peer_reduce_arrivals(const PeerArgs& a, const PeerCtx& c, Box box, uint64_t nvec, bool have,
                                      uint4 own0, bool late) {
     const bool aligned = a.aligned != 0;
     const uint64_t v0 = peer_tid();
     uint4 w0[PEER_MAX_RANKS];
-    if (!peer_poll_agreeing<DT>(a, c, box, have, own0, v0, w0)) return;
+    bool agreed_early = false;
+    if (!peer_poll_agreeing<DT, true>(a, c, box, have, own0, v0, w0, &agreed_early)) return;
     if (late) peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
     const uint4 r0 = have ? peer_reduce<DT, OP>(a, w0) : uint4{};
-    if (!peer_share_agreement(a, c, false)) return;
+    if (!peer_share_agreement(a, c, false, agreed_early)) return;
     if (have) peer_store_user<DT>(a.output, v0, a.count, aligned, r0);
     peer_reduce_batches<DT, OP>(
         a, c, box, v0 + peer_stride(), nvec, [](uint64_t v) { return v; },

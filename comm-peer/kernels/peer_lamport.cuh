@@ -19,17 +19,28 @@ struct PeerNoSide {
 
 // Peer p's call digest, its first load in `line` already; `seen` gets peer_judge_digest's
 // verdict (0 while the digest has not come; start at 1 for a thread that has none to wait for).
+// With `publish`, a digest that matches is at once block 0's verdict to the other blocks
+// (the only peer's: two ranks; unordered). With `watch`, every round also looks at that
+// verdict, into `verdict` (thread 0 of another block), so that it waits for nothing once its
+// data are in.
 struct PeerDigestSide {
     const PeerArgs* a;
     const PeerCtx* c;
     uint32_t p;
     uint4* line;
     int* seen;
+    bool publish;
+    bool watch;
+    uint32_t* verdict;
     __device__ __forceinline__ void issue() {
         if (*seen == 0) *line = peer_ld_volatile(peer_digest_of(*a, *c, p));
+        if (watch && !peer_is_agreed(*c, *verdict)) *verdict = peer_look_at_agreement(*c);
     }
     __device__ __forceinline__ bool settled() {
-        if (*seen == 0) *seen = peer_judge_digest(*a, *c, *line);
+        if (*seen == 0) {
+            *seen = peer_judge_digest(*a, *c, *line);
+            if (*seen == 1 && publish) peer_publish_agreement(*c, false);
+        }
         return *seen != 0;
     }
     __device__ __forceinline__ uint32_t peer() const { return p; }
@@ -109,9 +120,14 @@ __device__ __forceinline__ void peer_poll(const PeerArgs& a, const PeerCtx& c, B
 // are host memory only block 0 compares the calls: the caller then calls
 // peer_share_agreement before it writes output, once it has reduced w (so that the ranks'
 // vectors are not live across that wait).
-template <int DT, typename Box>
+// EARLY (a kernel whose verdict needs no ordering, Lamport; two ranks over host memory):
+// block 0's checker publishes the verdict as soon as the peer's digest matches (stored
+// first thing, it comes well before the data), and thread 0 of every other block looks at
+// the verdict with its polls; *agreed_early tells it whether it has seen it, so that
+// peer_share_agreement need not wait a round trip through L2 for it.
+template <int DT, bool EARLY = false, typename Box>
 __device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, Box box, bool have, uint4 own, uint64_t v,
-                                   uint4* w) {
+                                   uint4* w, bool* agreed_early = nullptr) {
     // The checkers are warp 1 where there is one, so that their loads do not queue ahead of
     // warp 0's first polls. Waiting for the digest before polling held their whole warp a
     // round trip, and every block waits for block 0's verdict: over host memory, one H200,
@@ -121,14 +137,27 @@ __device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, Box box,
     const uint32_t p = blockDim.x >= 64 ? threadIdx.x - 32u : threadIdx.x;
     const bool checker = peer_compares_calls(a) && p < a.world && p != a.rank && !*c.dead;
     const bool checker_warp = peer_compares_calls(a) && (blockDim.x < 64 || threadIdx.x / 32u == 1u);
+    const bool early = EARLY && a.host != 0 && gridDim.x > 1 && a.world == 2;
+    const bool watcher = early && blockIdx.x != 0 && threadIdx.x == 0;
     uint4 digest{};
     int seen = checker ? 0 : 1;
+    uint32_t verdict = 0;
     if (checker_warp) digest = peer_ld_volatile(peer_digest_of(a, c, p % a.world));
+    if (watcher) verdict = peer_look_at_agreement(c);
     if (have) {
-        peer_poll<DT>(a, c, box, a.rank, own, v, w, 0, PeerDigestSide{&a, &c, p, &digest, &seen});
+        peer_poll<DT>(a, c, box, a.rank, own, v, w, 0,
+                      PeerDigestSide{&a, &c, p, &digest, &seen, early && checker, watcher, &verdict});
         if (threadIdx.x == 0) peer_trace_seen(a, c);
     }
-    if (checker && !*c.dead && seen != 1) peer_await_call_from(a, c, p, digest);
+    if (checker && !*c.dead && seen != 1) {
+        const bool same = peer_await_call_from(a, c, p, digest);
+        if constexpr (EARLY) {
+            if (same && early) peer_publish_agreement(c, false);
+        }
+    }
+    if constexpr (EARLY) {
+        if (watcher) *agreed_early = peer_is_agreed(c, verdict);
+    }
     __syncthreads();
     peer_trace_waited(a, c);
     return !*c.dead;

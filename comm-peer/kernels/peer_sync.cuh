@@ -486,12 +486,33 @@ __device__ __forceinline__ bool peer_compares_calls(const PeerArgs& a) {
     return a.host == 0 || blockIdx.x == 0;
 }
 
+// Block 0's verdict that the calls agree (PeerState.agreed), for the launch's other blocks.
+// `ordered`: a release, so that what block 0 saw before it (a barrier's flags, and so the
+// data they guard) is seen by the blocks that wait for it; without it a plain store, where
+// every block's data shows by itself whether it has come (Lamport). One thread.
+__device__ __forceinline__ void peer_publish_agreement(const PeerCtx& c, bool ordered) {
+    const uint32_t want = c.seq + 1u;
+    if (ordered)
+        asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&c.state->agreed), "r"(want) : "memory");
+    else
+        asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(&c.state->agreed), "r"(want) : "memory");
+}
+
+// This call's verdict as block 0 published it, looked at without waiting.
+__device__ __forceinline__ uint32_t peer_look_at_agreement(const PeerCtx& c) {
+    uint32_t v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(&c.state->agreed) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ bool peer_is_agreed(const PeerCtx& c, uint32_t verdict) {
+    return (int32_t)(verdict - (c.seq + 1u)) >= 0;
+}
+
 // The end of a first wait (every thread; after its __syncthreads): block 0 tells the other
-// blocks that the calls agree; they wait for that. False when the block must stop.
-// `ordered`: the verdict is a release, so that what block 0 saw before it (a barrier's
-// flags, and so the data they guard) is seen by the blocks that wait for it; without it a
-// plain store, where every block's data shows by itself whether it has come (Lamport).
-__device__ bool peer_share_agreement(const PeerArgs& a, const PeerCtx& c, bool ordered = true) {
+// blocks that the calls agree (`ordered` as peer_publish_agreement); they wait for that,
+// unless thread 0 has seen it already (`seen`). False when the block must stop.
+__device__ bool peer_share_agreement(const PeerArgs& a, const PeerCtx& c, bool ordered = true, bool seen = false) {
     if (a.host == 0 || gridDim.x == 1) return !*c.dead;
     const uint32_t want = c.seq + 1u;
     if (blockIdx.x == 0) {
@@ -503,7 +524,7 @@ __device__ bool peer_share_agreement(const PeerArgs& a, const PeerCtx& c, bool o
         }
         return !*c.dead;
     }
-    if (threadIdx.x == 0 && !*c.dead)
+    if (threadIdx.x == 0 && !*c.dead && !seen)
         peer_wait_on_device(a, c, &c.state->agreed, want, PEER_TIMEOUT_CALL, (a.rank + 1u) % a.world);
     __syncthreads();
     return !*c.dead;
