@@ -10,7 +10,9 @@
 //! by rank at one offset (every rank must get `Error::Mismatch`), pushes past
 //! mailboxes smaller than a flagged push (they go by data and flags over host memory, by pull
 //! on device memory), the signal primitives, the timeout check (the last rank stays away: the
-//! others must get `Error::Timeout`, then `Error::Aborted`), and registration cycles
+//! others must get `Error::Timeout`, then `Error::Aborted`), counts that differ by rank in a
+//! launch of many blocks (every rank must get `Error::Mismatch` naming both, and no output),
+//! and registration cycles
 //! (symm-cuda: heap rendezvous; ipc: zero-copy buffers) with no growth of device memory,
 //! descriptors, /dev/shm entries, heap segment mappings or pinned host memory. Each check
 //! prints PASS or FAIL; any failure makes the exit status 1. Where the regions are host memory
@@ -143,6 +145,18 @@ pub fn run_rank(bootstrap: Arc<dyn Bootstrap>, opts: &Options) -> bool {
                 &format!("{algo} timeout"),
                 started,
                 timeout_check(&bootstrap, opts, algo),
+            );
+        }
+        for algo in [
+            Algorithm::OneshotPull,
+            Algorithm::OneshotPush,
+            Algorithm::TwoshotPush,
+        ] {
+            let started = Instant::now();
+            report(
+                &format!("{algo} counts differ, many blocks"),
+                started,
+                disagreement_check(&bootstrap, opts, algo),
             );
         }
     }
@@ -751,6 +765,71 @@ fn timeout_check(
         }
     }
     // The absent rank keeps its region mapped until everyone is done.
+    bootstrap.barrier()?;
+    Ok(detail)
+}
+
+/// Rank 0 all-reduces 21504 bf16 (42 KB), every other rank 21440: a launch of many blocks,
+/// where over host memory one block compares the calls for all. Every rank must report
+/// `Error::Mismatch` naming both counts, well within the bound (the comparison, not a
+/// timeout), and write nothing into the output.
+fn disagreement_check(
+    bootstrap: &Arc<dyn Bootstrap>,
+    opts: &Options,
+    algo: Algorithm,
+) -> Result<String> {
+    let bound = Duration::from_secs(10);
+    let config = PeerConfig {
+        max_bytes: 1 << 20,
+        lamport_max_bytes: 1 << 20,
+        algorithm: Some(algo),
+        timeout: Some(bound),
+        agree_on_host: false,
+        ..PeerConfig::default()
+    };
+    let device = device_of(&**bootstrap)?;
+    let comm = GpuComm::join(opts.backend, bootstrap, device, config, opts.backing)?;
+    let c = comm.as_dyn();
+    let memory =
+        DeviceMemory::with_stream(comm.peer().context().new_stream().map_err(driver_error)?);
+    let (mine, theirs) = if c.rank() == 0 {
+        (21504, 21440)
+    } else {
+        (21440, 21504)
+    };
+    let mut input = memory.alloc(DType::BF16, mine)?;
+    input.write(&vec![0x3fu8; mine * 2])?;
+    let mut output = memory.alloc(DType::BF16, mine)?;
+    let poison = vec![0x7bu8; mine * 2];
+    output.write(&poison)?;
+    let started = Instant::now();
+    let result = c
+        .all_reduce(
+            input.view(0, mine)?,
+            output.view_mut(0, mine)?,
+            ReduceOp::Sum,
+        )
+        .and_then(|()| comm.peer().synchronize(memory.raw_stream()));
+    let waited = started.elapsed();
+    let detail = match result {
+        Err(Error::Mismatch(what))
+            if waited < bound / 2
+                && what.contains(&mine.to_string())
+                && what.contains(&theirs.to_string()) =>
+        {
+            format!("{:.3}s: {what}", waited.as_secs_f64())
+        }
+        other => {
+            return Err(Error::Mismatch(format!(
+                "expected a mismatch naming {mine} and {theirs}, got {other:?} after {waited:?}"
+            )));
+        }
+    };
+    if output.read()? != poison {
+        return Err(Error::Mismatch(
+            "a call the ranks disagree about wrote output".into(),
+        ));
+    }
     bootstrap.barrier()?;
     Ok(detail)
 }
