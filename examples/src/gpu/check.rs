@@ -12,13 +12,12 @@
 //! on device memory), the signal primitives, the timeout check (the last rank stays away: the
 //! others must get `Error::Timeout`, then `Error::Aborted`), counts that differ by rank in a
 //! launch of many blocks (every rank must get `Error::Mismatch` naming both, and no output),
-//! and registration cycles
-//! (symm-cuda: heap rendezvous; ipc: zero-copy buffers) with no growth of device memory,
-//! descriptors, /dev/shm entries, heap segment mappings or pinned host memory. Each check
-//! prints PASS or FAIL; any failure makes the exit status 1. Where the regions are host memory
-//! (symm-cuda's host backing, for GPUs without peer access) there are no zero-copy
-//! buffers: the zero-copy conformance run is left out, the sweep's and the graph's
-//! zero-copy cases run on device memory, and their detail lines say so.
+//! and registration cycles (symm-cuda: heap rendezvous; ipc: zero-copy buffers) with no
+//! growth of device memory, descriptors, /dev/shm entries, heap segment mappings or pinned
+//! host memory. Each check prints PASS or FAIL; any failure makes the exit status 1. Where
+//! the regions are host memory (symm-cuda's host backing, for GPUs without peer access)
+//! there are no zero-copy buffers: the zero-copy conformance run is left out, the sweep's
+//! and the graph's zero-copy cases run on device memory, and their detail lines say so.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -712,13 +711,14 @@ fn primitives(bootstrap: &Arc<dyn Bootstrap>, opts: &Options) -> Result<String> 
     ))
 }
 
-/// The last rank stays away: the others must time out, then refuse work.
-fn timeout_check(
+/// A communicator for a check whose calls fail: `algo` forced, waits bounded by `bound`,
+/// calls compared on the device alone; and memory on a stream of its own.
+fn failing_comm(
     bootstrap: &Arc<dyn Bootstrap>,
     opts: &Options,
     algo: Algorithm,
-) -> Result<String> {
-    let bound = Duration::from_secs(2);
+    bound: Duration,
+) -> Result<(GpuComm, DeviceMemory)> {
     let config = PeerConfig {
         max_bytes: 1 << 20,
         lamport_max_bytes: 1 << 20,
@@ -729,9 +729,20 @@ fn timeout_check(
     };
     let device = device_of(&**bootstrap)?;
     let comm = GpuComm::join(opts.backend, bootstrap, device, config, opts.backing)?;
-    let c = comm.as_dyn();
     let memory =
         DeviceMemory::with_stream(comm.peer().context().new_stream().map_err(driver_error)?);
+    Ok((comm, memory))
+}
+
+/// The last rank stays away: the others must time out, then refuse work.
+fn timeout_check(
+    bootstrap: &Arc<dyn Bootstrap>,
+    opts: &Options,
+    algo: Algorithm,
+) -> Result<String> {
+    let bound = Duration::from_secs(2);
+    let (comm, memory) = failing_comm(bootstrap, opts, algo, bound)?;
+    let c = comm.as_dyn();
     let absent = c.world_size() - 1;
     let mut detail = String::from("absent rank");
     if c.rank() != absent {
@@ -779,19 +790,8 @@ fn disagreement_check(
     algo: Algorithm,
 ) -> Result<String> {
     let bound = Duration::from_secs(10);
-    let config = PeerConfig {
-        max_bytes: 1 << 20,
-        lamport_max_bytes: 1 << 20,
-        algorithm: Some(algo),
-        timeout: Some(bound),
-        agree_on_host: false,
-        ..PeerConfig::default()
-    };
-    let device = device_of(&**bootstrap)?;
-    let comm = GpuComm::join(opts.backend, bootstrap, device, config, opts.backing)?;
+    let (comm, memory) = failing_comm(bootstrap, opts, algo, bound)?;
     let c = comm.as_dyn();
-    let memory =
-        DeviceMemory::with_stream(comm.peer().context().new_stream().map_err(driver_error)?);
     let (mine, theirs) = if c.rank() == 0 {
         (21504, 21440)
     } else {
