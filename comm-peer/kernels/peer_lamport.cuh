@@ -39,7 +39,7 @@ struct PeerDigestSide {
     __device__ __forceinline__ bool settled() {
         if (*seen == 0) {
             *seen = peer_judge_digest(*a, *c, *line);
-            if (*seen == 1 && publish) peer_publish_agreement(*c, false);
+            if (*seen == 1 && publish) peer_publish_agreement(*c, c->seq + 1u, false);
         }
         return *seen != 0;
     }
@@ -152,7 +152,7 @@ __device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, Box box,
     if (checker && !*c.dead && seen != 1) {
         const bool same = peer_await_call_from(a, c, p, digest);
         if constexpr (EARLY) {
-            if (same && early) peer_publish_agreement(c, false);
+            if (same && early) peer_publish_agreement(c, c.seq + 1u, false);
         }
     }
     if constexpr (EARLY) {

@@ -486,12 +486,12 @@ __device__ __forceinline__ bool peer_compares_calls(const PeerArgs& a) {
     return a.host == 0 || blockIdx.x == 0;
 }
 
-// Block 0's verdict that the calls agree (PeerState.agreed), for the launch's other blocks.
-// `ordered`: a release, so that what block 0 saw before it (a barrier's flags, and so the
-// data they guard) is seen by the blocks that wait for it; without it a plain store, where
-// every block's data shows by itself whether it has come (Lamport). One thread.
-__device__ __forceinline__ void peer_publish_agreement(const PeerCtx& c, bool ordered) {
-    const uint32_t want = c.seq + 1u;
+// Block 0's verdict that the calls agree (PeerState.agreed: `want`, this call's number + 1),
+// for the launch's other blocks. `ordered`: a release, so that what block 0 saw before it
+// (a barrier's flags, and so the data they guard) is seen by the blocks that wait for it;
+// without it a plain store, where every block's data shows by itself whether it has come
+// (Lamport). One thread.
+__device__ __forceinline__ void peer_publish_agreement(const PeerCtx& c, uint32_t want, bool ordered) {
     if (ordered)
         asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&c.state->agreed), "r"(want) : "memory");
     else
@@ -516,12 +516,7 @@ __device__ bool peer_share_agreement(const PeerArgs& a, const PeerCtx& c, bool o
     if (a.host == 0 || gridDim.x == 1) return !*c.dead;
     const uint32_t want = c.seq + 1u;
     if (blockIdx.x == 0) {
-        if (threadIdx.x == 0 && !*c.dead) {
-            if (ordered)
-                asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&c.state->agreed), "r"(want) : "memory");
-            else
-                asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(&c.state->agreed), "r"(want) : "memory");
-        }
+        if (threadIdx.x == 0 && !*c.dead) peer_publish_agreement(c, want, ordered);
         return !*c.dead;
     }
     if (threadIdx.x == 0 && !*c.dead && !seen)
