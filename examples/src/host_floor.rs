@@ -14,11 +14,32 @@ use crate::host_probe::Floors;
 use crate::perf::Row;
 use crate::perf::report::Timing;
 
-/// The rows of an `allreduce-perf --json` file (its run's description is not needed here).
+/// The rows of an `allreduce-perf --json` file and where its ranks ran.
 #[derive(Debug, serde::Deserialize)]
 pub struct PerfFile {
+    /// The run's description (only where its ranks ran is read here).
+    #[serde(default)]
+    pub run: Option<PerfRun>,
     /// One entry per (backend, algorithm, size).
     pub results: Vec<Row>,
+}
+
+/// Where an `allreduce-perf` run's ranks ran.
+#[derive(Debug, Clone, Copy, serde::Deserialize)]
+pub struct PerfRun {
+    /// Ranks of the run.
+    #[serde(default)]
+    pub world_size: usize,
+    /// GPUs the ranks ran on.
+    #[serde(default)]
+    pub gpus: usize,
+}
+
+impl PerfRun {
+    /// Whether two or more ranks shared a GPU (and so its one host link).
+    pub fn ranks_share_a_gpu(&self) -> bool {
+        self.gpus > 0 && self.world_size > self.gpus
+    }
 }
 
 /// Figures of one measurement over its runs: by message bytes, the median over the runs
@@ -74,6 +95,28 @@ pub struct Inputs<'a> {
     pub back_to_back: &'a Medians,
     /// NCCL without peer access, CUDA-graph replays (may be empty).
     pub nccl: &'a Medians,
+    /// Whether our ranks shared one GPU (its link, and its launching of their kernels).
+    pub ranks_share_a_gpu: bool,
+}
+
+/// The floor that applies to our protocol at `bytes`, plus what its one kernel costs by
+/// itself in graph replay: every call is a kernel, and its launch and end are no part of
+/// the link's figures. Ranks sharing a GPU: the kernel of two streams at once, added to
+/// "both ways" where the message goes as data and a flag (streamed, reading while writing),
+/// else to the shared floor; a GPU per rank: one stream's kernel and the floor. `None`
+/// where the probe did not time the kernel.
+fn floor_with_kernel(inputs: &Inputs<'_>, bytes: usize) -> Option<f64> {
+    let f = inputs.floors;
+    let from = inputs.flagged_from;
+    if inputs.ranks_share_a_gpu {
+        let bound = f
+            .both_ways(bytes, from)
+            .or_else(|| f.one_shot_shared(bytes, from).map(|t| t.total()))
+            .unwrap_or_else(|| f.one_shot(bytes, from).total());
+        (f.kernel_pair_us > 0.0).then_some(f.kernel_pair_us + bound)
+    } else {
+        (f.kernel_us > 0.0).then(|| f.kernel_us + f.one_shot(bytes, from).total())
+    }
 }
 
 /// The table (Markdown), with the model and its inputs above it.
@@ -119,6 +162,31 @@ pub fn table(inputs: &Inputs<'_>) -> String {
          (from {} B: below, the data is its own flag and pays no fence)",
         inputs.flagged_from, inputs.flagged_from
     );
+    let kernel = if inputs.ranks_share_a_gpu {
+        f.kernel_pair_us
+    } else {
+        f.kernel_us
+    };
+    if kernel > 0.0 {
+        let _ = writeln!(
+            s,
+            "\"with the kernel\": an empty kernel in graph replay, launched as ours are ({:.2} us \
+             on one stream, {:.2} us each with two streams at once), here {kernel:.2} us ({}), \
+             added to the floor that applies: {}",
+            f.kernel_us,
+            f.kernel_pair_us,
+            if inputs.ranks_share_a_gpu {
+                "ranks sharing this GPU"
+            } else {
+                "a GPU per rank"
+            },
+            if inputs.ranks_share_a_gpu {
+                "\"both ways\" where a message goes as data and a flag, else \"link shared\""
+            } else {
+                "\"floor\""
+            }
+        );
+    }
     let _ = writeln!(s);
     let shared = f.pairs_probed();
     let both_ways = f.both_ways_probed();
@@ -134,6 +202,10 @@ pub fn table(inputs: &Inputs<'_>) -> String {
     }
     if both_ways {
         head.push_str(" both ways | ours / both ways |");
+        rule.push_str("---:|---:|");
+    }
+    if kernel > 0.0 {
+        head.push_str(" with the kernel | ours / that |");
         rule.push_str("---:|---:|");
     }
     if !inputs.eager.is_empty() {
@@ -177,6 +249,14 @@ pub fn table(inputs: &Inputs<'_>) -> String {
             match f.both_ways(bytes as usize, inputs.flagged_from) {
                 Some(b) => {
                     let _ = write!(s, " {b:.2} | {:.2} |", ours / b);
+                }
+                None => s.push_str(" - | - |"),
+            }
+        }
+        if kernel > 0.0 {
+            match floor_with_kernel(inputs, bytes as usize) {
+                Some(k) => {
+                    let _ = write!(s, " {k:.2} | {:.2} |", ours / k);
                 }
                 None => s.push_str(" - | - |"),
             }
@@ -259,6 +339,8 @@ mod tests {
                 pair_write_us,
                 both_ways_us,
             }],
+            kernel_us: 0.0,
+            kernel_pair_us: 0.0,
         }
     }
 
@@ -273,6 +355,7 @@ mod tests {
             eager: &none,
             back_to_back: &none,
             nccl: &none,
+            ranks_share_a_gpu: true,
         })
     }
 
@@ -290,6 +373,7 @@ mod tests {
             eager: &eager,
             back_to_back: &back_to_back,
             nccl: &nccl,
+            ranks_share_a_gpu: true,
         });
         assert!(
             text.contains(
@@ -327,6 +411,60 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("| both ways |"), "{text}");
+    }
+
+    #[test]
+    fn with_the_kernel_timed_the_table_adds_it_to_the_floor_that_applies() {
+        let floors = Floors {
+            kernel_us: 1.0,
+            kernel_pair_us: 1.5,
+            ..floors_of_40k(4.0, 3.5, 5.0)
+        };
+        let graph: Medians = [(8, 5.0), (40_000, 10.5)].into();
+        let none = Medians::new();
+        let with = |ranks_share_a_gpu| {
+            table(&Inputs {
+                floors: &floors,
+                flagged_from: 16_384,
+                graph: &graph,
+                eager: &none,
+                back_to_back: &none,
+                nccl: &none,
+                ranks_share_a_gpu,
+            })
+        };
+        let shared = with(true);
+        assert!(
+            shared.contains("| with the kernel | ours / that |"),
+            "{shared}"
+        );
+        // Flagged: both ways (flag 2 + 5) and two streams' kernel 1.5; 10.5 / 8.5.
+        assert!(
+            shared.contains("| 7.00 | 1.50 | 8.50 | 1.24 |\n"),
+            "{shared}"
+        );
+        // Lamport: the shared floor (the flag 2, the read beyond its first load ~0) + 1.5.
+        assert!(shared.contains("| 3.50 | 1.43 |\n"), "{shared}");
+        assert!(
+            shared.contains("here 1.50 us (ranks sharing this GPU)"),
+            "{shared}"
+        );
+        // A GPU per rank: the floor (2 + 2 + 3) and one stream's kernel; 10.5 / 8.
+        let apart = with(false);
+        assert!(apart.contains("| 8.00 | 1.31 |\n"), "{apart}");
+        assert!(apart.contains("here 1.00 us (a GPU per rank)"), "{apart}");
+        // Not timed: no such column.
+        assert!(
+            !graph_table(&floors_of_40k(4.0, 3.5, 5.0), &[(8, 5.0)]).contains("with the kernel")
+        );
+    }
+
+    #[test]
+    fn the_run_tells_whether_ranks_shared_a_gpu() {
+        let run = |world_size, gpus| PerfRun { world_size, gpus };
+        assert!(run(2, 1).ranks_share_a_gpu());
+        assert!(!run(2, 2).ranks_share_a_gpu());
+        assert!(!run(2, 0).ranks_share_a_gpu(), "unknown GPUs");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `host-probe`: what a GPU pays to reach pinned host memory mapped into it, the memory
 //! comm-symm's host backing runs on where GPUs have no peer access.
 //!
-//! Five measurements, from the kernels of `host_probe.cu`, each timed on the GPU
+//! Six measurements, from the kernels of `host_probe.cu`, each timed on the GPU
 //! (`%globaltimer`), so that no launch is counted:
 //! - **chase**: one thread follows a chain of dependent loads through host memory (and,
 //!   for comparison, through device memory): the round trip of one load;
@@ -26,7 +26,10 @@
 //!   acquire loads, each a round trip of its own)?
 //! - **load after writes**: one load of host memory right after one block stored a message
 //!   into host (or device) memory, as a push all-reduce polls its mailbox after pushing: if
-//!   the GPU's reads wait behind its own writes to host memory, the load grows with them.
+//!   the GPU's reads wait behind its own writes to host memory, the load grows with them;
+//! - **kernel**: an empty kernel in graph replay, launched as the peer kernels are, on one
+//!   stream and on each of two streams at once (`launch-cost`'s concurrent graphs): what a
+//!   call's kernel costs by itself, which no move above counts.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -331,6 +334,12 @@ pub struct Report {
     pub after_writes: Vec<LoadAfterWrites>,
     /// One thread's independent loads of host memory, by kind and number.
     pub bursts: Vec<Burst>,
+    /// An empty kernel in CUDA-graph replay, launched as the peer kernels are: us per
+    /// kernel of one stream alone, and per kernel of each of two streams replaying at once
+    /// (two ranks sharing the GPU).
+    pub kernel_us: f64,
+    /// See `kernel_us`.
+    pub kernel_pair_us: f64,
 }
 
 /// The loads of [`Burst`] (`probe_ld4_as` in `host_probe.cu`).
@@ -518,6 +527,7 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
             }
         }
     }
+    let (kernel_us, kernel_pair_us) = empty_kernels(ordinal)?;
     Ok(Report {
         host_load_ns,
         device_load_ns,
@@ -525,7 +535,22 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
         pingpongs,
         after_writes,
         bursts,
+        kernel_us,
+        kernel_pair_us,
     })
+}
+
+/// What an all-reduce's kernel costs by itself in graph replay: an empty kernel of one
+/// block, launched with programmatic serialization as the peer kernels are, on one stream
+/// and on each of two streams replaying at once (us per kernel of a stream).
+fn empty_kernels(ordinal: usize) -> Result<(f64, f64)> {
+    let runs = crate::launch_cost::concurrent(ordinal, &[1, 2], 200, &[(1, 512)])?;
+    let of = |streams: usize| {
+        runs.iter()
+            .find(|r| r.overlapping && r.streams == streams)
+            .map_or(f64::NAN, |r| r.per_round_us)
+    };
+    Ok((of(1), of(2)))
 }
 
 /// Two moves in one launch of `host_probe_move_pair`: the first `first_blocks` of `blocks`
@@ -764,6 +789,12 @@ pub struct Floors {
     pub fence_ns: f64,
     /// By message size, ascending: the fastest read and fenced write over the grids.
     pub moves: Vec<FloorMove>,
+    /// An empty kernel in graph replay on one stream, us (0: not measured).
+    #[serde(default)]
+    pub kernel_us: f64,
+    /// The same with two streams replaying at once, per kernel of each, us (0: not measured).
+    #[serde(default)]
+    pub kernel_pair_us: f64,
 }
 
 /// The fastest read and write of one message size (us).
@@ -860,6 +891,8 @@ impl Floors {
             flag_ns,
             fence_ns,
             moves,
+            kernel_us: report.kernel_us,
+            kernel_pair_us: report.kernel_pair_us,
         })
     }
 
@@ -998,6 +1031,8 @@ mod tests {
                     both_ways_us: 61.0,
                 },
             ],
+            kernel_us: 0.0,
+            kernel_pair_us: 0.0,
         }
     }
 
@@ -1119,9 +1154,12 @@ mod tests {
                 issue_ns: 990.0,
             }],
             bursts: Vec::new(),
+            kernel_us: 1.6,
+            kernel_pair_us: 2.2,
         };
         let f = Floors::from_report(&report).unwrap();
         assert_eq!(f.flag_ns, 1800.0);
+        assert_eq!((f.kernel_us, f.kernel_pair_us), (1.6, 2.2));
         assert_eq!(f.fence_ns, 990.0);
         assert_eq!(f.moves.len(), 1);
         assert_eq!((f.moves[0].read_us, f.moves[0].write_us), (2.6, 1.9));

@@ -58,16 +58,15 @@ fn parse() -> Result<Option<Options>, String> {
     }))
 }
 
-fn rows(paths: &[PathBuf]) -> Result<Vec<Vec<Row>>, String> {
+fn files(paths: &[PathBuf]) -> Result<Vec<PerfFile>, String> {
     paths
         .iter()
-        .map(|p| {
-            let text = read(p)?;
-            let doc: PerfFile =
-                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
-            Ok(doc.results)
-        })
+        .map(|p| serde_json::from_str(&read(p)?).map_err(|e| format!("{}: {e}", p.display())))
         .collect()
+}
+
+fn rows(paths: &[PathBuf]) -> Result<Vec<Vec<Row>>, String> {
+    Ok(files(paths)?.into_iter().map(|f| f.results).collect())
 }
 
 fn read(path: &Path) -> Result<String, String> {
@@ -77,7 +76,14 @@ fn read(path: &Path) -> Result<String, String> {
 fn run(o: &Options) -> Result<String, String> {
     let floors: Floors = serde_json::from_str(&read(&o.probe)?)
         .map_err(|e| format!("{}: {e}", o.probe.display()))?;
-    let graph = medians(&rows(&o.graph)?, &o.backend);
+    let graph_files = files(&o.graph)?;
+    // Files without the run's description (older ones) count as ranks sharing one GPU,
+    // the setting host-floor's table was made for.
+    let ranks_share_a_gpu = graph_files
+        .iter()
+        .all(|f| f.run.is_none_or(|r| r.ranks_share_a_gpu()));
+    let graph_rows: Vec<Vec<Row>> = graph_files.into_iter().map(|f| f.results).collect();
+    let graph = medians(&graph_rows, &o.backend);
     if graph.is_empty() {
         return Err(format!(
             "no out-of-place rows of {} in the --graph files",
@@ -95,6 +101,7 @@ fn run(o: &Options) -> Result<String, String> {
         eager: &eager,
         back_to_back: &back_to_back,
         nccl: &nccl,
+        ranks_share_a_gpu,
     }))
 }
 

@@ -7,7 +7,8 @@
 //! ```
 //!
 //! `--json` also writes the floors the figures give (`comm_examples::host_probe::Floors`:
-//! one load, the fastest flag trip, a fence, the fastest read and write of each size),
+//! one load, the fastest flag trip, a fence, the fastest read and write of each size, an
+//! empty kernel in graph replay),
 //! which `host-floor` sets beside all-reduce figures of the same run.
 
 use std::process::ExitCode;
@@ -96,6 +97,11 @@ fn main() -> ExitCode {
     println!(
         "one dependent load: host memory {:.0} ns, device memory {:.0} ns",
         report.host_load_ns, report.device_load_ns
+    );
+    println!(
+        "an empty kernel in graph replay, launched as the peer kernels are: {:.2} us on one \
+         stream, {:.2} us each with two streams replaying at once",
+        report.kernel_us, report.kernel_pair_us
     );
     for p in &report.pingpongs {
         let between = if p.two_gpus {
