@@ -20,7 +20,9 @@ struct PeerNoSide {
 // Peer p's call digest, its first load in `line` already; `seen` gets peer_judge_digest's
 // verdict (0 while the digest has not come; start at 1 for a thread that has none to wait for).
 // With `publish`, a digest that matches is at once block 0's verdict to the other blocks
-// (the only peer's: two ranks; unordered). With `watch`, every round also looks at that
+// (unordered). Only between two ranks: block 0 then has one checker, whose match is the
+// whole verdict; with more peers the checkers' results are combined first, so there the
+// verdict waits for block 0's reduction. With `watch`, every round also looks at that
 // verdict, into `verdict` (thread 0 of another block), so that it waits for nothing once its
 // data are in.
 struct PeerDigestSide {
