@@ -542,13 +542,14 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
 
 /// What an all-reduce's kernel costs by itself in graph replay: an empty kernel of one
 /// block, launched with programmatic serialization as the peer kernels are, on one stream
-/// and on each of two streams replaying at once (us per kernel of a stream).
+/// and on two streams replaying at once (us per kernel of a stream; 0 where not measured,
+/// as [`Floors`] reads it).
 fn empty_kernels(ordinal: usize) -> Result<(f64, f64)> {
     let runs = crate::launch_cost::concurrent(ordinal, &[1, 2], 200, &[(1, 512)])?;
     let of = |streams: usize| {
         runs.iter()
             .find(|r| r.overlapping && r.streams == streams)
-            .map_or(f64::NAN, |r| r.per_round_us)
+            .map_or(0.0, |r| r.per_round_us)
     };
     Ok((of(1), of(2)))
 }
