@@ -928,11 +928,26 @@ extern "C" __global__ void peer_agree_only(PeerArgs a) {
 // ---------------------------------------------------------------------------------------
 // Names: peer_<oneshot_pull|twoshot_pull|oneshot_push|twoshot_push|oneshot_copy|oneshot_local|
 // oneshot_stream|oneshot_grouped|oneshot_tapered>_<f32|f16|bf16>_<op>,
-// peer_reduce_scatter_<dtype>_<op> (op: sum, avg, max, min).
+// peer_reduce_scatter_<dtype>_<op> (op: sum, avg, max, min); two-rank versions of some,
+// <name>_pair (PEER_AR_PAIR).
 
 #define PEER_AR(ALGO, ANAME, DT, DNAME, OP, ONAME)                                                             \
     extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS, 1) peer_##ANAME##_##DNAME##_##ONAME(PeerArgs a) { \
         peer_all_reduce<ALGO, DT, OP>(a);                                                                      \
+    }
+// Two ranks: the same all-reduce with the world a constant (the arguments copied, world 2),
+// so that the code for more peers, which every loop over PEER_MAX_RANKS unrolls, drops out
+// (peer_oneshot_push_bf16_sum: 172 KB of sm_90 code, its pair 112 KB). Which kernels have
+// one, and for which launches, is comm_peer's every_pair_kernel (measured there).
+template <int ALGO, int DT, int OP> __device__ __forceinline__ void peer_all_reduce_pair(const PeerArgs& a) {
+    PeerArgs pair = a;
+    pair.world = 2;
+    peer_all_reduce<ALGO, DT, OP>(pair);
+}
+#define PEER_AR_PAIR(ALGO, ANAME, DT, DNAME, OP, ONAME)                                                        \
+    extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS, 1)                                        \
+        peer_##ANAME##_##DNAME##_##ONAME##_pair(PeerArgs a) {                                                  \
+        peer_all_reduce_pair<ALGO, DT, OP>(a);                                                                 \
     }
 #define PEER_RS(DT, DNAME, OP, ONAME)                                                                          \
     extern "C" __global__ void __launch_bounds__(PEER_MAX_THREADS, 1) peer_reduce_scatter_##DNAME##_##ONAME(PeerArgs a) { \
@@ -948,6 +963,8 @@ extern "C" __global__ void peer_agree_only(PeerArgs a) {
     PEER_AR(PEER_ONESHOT_STREAM, oneshot_stream, DT, DNAME, OP, ONAME) \
     PEER_AR(PEER_ONESHOT_GROUPED, oneshot_grouped, DT, DNAME, OP, ONAME) \
     PEER_AR(PEER_ONESHOT_TAPERED, oneshot_tapered, DT, DNAME, OP, ONAME) \
+    PEER_AR_PAIR(PEER_ONESHOT_PUSH, oneshot_push, DT, DNAME, OP, ONAME) \
+    PEER_AR_PAIR(PEER_ONESHOT_TAPERED, oneshot_tapered, DT, DNAME, OP, ONAME) \
     PEER_RS(DT, DNAME, OP, ONAME)
 #define PEER_DTYPE(DT, DNAME)                 \
     PEER_OPS(DT, DNAME, COMM_SUM, sum)        \

@@ -207,6 +207,31 @@ fn every_reducing_kernel() -> impl Iterator<Item = (Reducer, DType, ReduceOp)> {
     })
 }
 
+/// The reducing kernels with a two-rank version, `<name>_pair` (`PEER_AR_PAIR`: the world a
+/// constant, so that the code for more peers drops out; sm_90, bf16 sum: one-shot push 172
+/// KB of code, its pair 112 KB; tapered 90 KB, its pair 59 KB), and whether it stands in
+/// only for launches of one block. One H100, two ranks as threads on host memory, graphs,
+/// medians of 3 rounds against the generic kernels in the same run (2026-12-06): one-shot
+/// push of one block 8 B 3.66 us / 3.96, 1 KiB 3.47 / 3.84, 8 KiB 4.26 / 4.58, where one
+/// warp's chain of steps is the call; of several blocks it was slower in an earlier run (42
+/// KB 7.04 / 6.87, 64 KiB 8.88 / 8.46), so those keep the generic kernel. Tapered 768 KiB
+/// 49.78 / 51.13, 1 MiB 63.34 / 64.66, 4 MiB 226.80 / 228.54. The other streamed kernels'
+/// pairs were not all faster (grouped, 256 KiB, that earlier run: 23.71 / 21.45), so they
+/// have none.
+fn every_pair_kernel() -> impl Iterator<Item = ((Reducer, DType, ReduceOp), bool)> {
+    every_reducing_kernel().filter_map(|kernel| match kernel.0 {
+        Reducer::AllReduce(Algorithm::OneshotPush) => Some((kernel, true)),
+        Reducer::OneshotTapered => Some((kernel, false)),
+        _ => None,
+    })
+}
+
+/// Whether a two-rank kernel (for launches of one block only, where `one_block`) stands in
+/// for a launch of `blocks` among `world` ranks.
+fn pair_stands_in(one_block: bool, world: u32, blocks: u32) -> bool {
+    world == 2 && (blocks == 1 || !one_block)
+}
+
 /// `peer_<stem>_<dtype>_<op>`.
 fn name(reducer: Reducer, dtype: DType, op: ReduceOp) -> String {
     format!("peer_{}_{}_{}", reducer.stem(), dtype.name(), op.name())
@@ -236,6 +261,9 @@ fn every_kernel_name() -> Vec<String> {
 pub(crate) struct Kernels {
     ctx: Arc<CudaContext>,
     functions: HashMap<String, CudaFunction>,
+    /// The two-rank kernels (`<name>_pair`), by the name of the kernel they stand in for,
+    /// and whether only for launches of one block ([`every_pair_kernel`]).
+    pairs: HashMap<String, (CudaFunction, bool)>,
     residency: Residency,
     overlap: Overlap,
 }
@@ -256,14 +284,25 @@ impl Kernels {
                 Ok((name, f))
             })
             .collect::<Result<_>>()?;
+        let pairs: HashMap<String, (CudaFunction, bool)> = every_pair_kernel()
+            .map(|((reducer, dtype, op), one_block)| {
+                let name = name(reducer, dtype, op);
+                let f = cache.function(ctx, &COLLECTIVES, &format!("{name}_pair"))?;
+                Ok((name, (f, one_block)))
+            })
+            .collect::<Result<_>>()?;
         let (major, _) = ctx.compute_capability().map_err(driver_error)?;
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_error)?;
-        let residency = Residency::of(u32::try_from(sms).unwrap_or(1), functions.values())?;
+        let residency = Residency::of(
+            u32::try_from(sms).unwrap_or(1),
+            functions.values().chain(pairs.values().map(|(f, _)| f)),
+        )?;
         Ok(Kernels {
             ctx: ctx.clone(),
             functions,
+            pairs,
             residency,
             overlap: Overlap::for_capability(major),
         })
@@ -281,11 +320,18 @@ impl Kernels {
         self
     }
 
-    fn function(&self, name: &str) -> Result<&CudaFunction> {
-        self.functions.get(name).ok_or_else(|| Error::Backend {
-            backend: "cuda",
-            source: format!("peer memory: no kernel named {name}").into(),
-        })
+    /// Kernel `name`, or for a launch of `blocks` between two ranks its two-rank version
+    /// where it has one for such a launch.
+    fn function(&self, name: &str, world: u32, blocks: u32) -> Result<&CudaFunction> {
+        let pair = match self.pairs.get(name) {
+            Some((f, one_block)) if pair_stands_in(*one_block, world, blocks) => Some(f),
+            _ => None,
+        };
+        pair.or_else(|| self.functions.get(name))
+            .ok_or_else(|| Error::Backend {
+                backend: "cuda",
+                source: format!("peer memory: no kernel named {name}").into(),
+            })
     }
 
     /// Enqueues kernel `name` on `stream` with `(blocks, threads)`.
@@ -296,7 +342,7 @@ impl Kernels {
         stream: RawStream,
         args: &PeerArgs,
     ) -> Result<()> {
-        let f = self.function(name)?;
+        let f = self.function(name, args.world, blocks)?;
         self.ctx.bind_to_thread().map_err(driver_error)?;
         let mut args = PeerArgs {
             call_digest: calls::digest(&args.call),
@@ -472,6 +518,35 @@ mod tests {
         // A dtype the kernels lack names nothing that is loaded.
         let missing = all_reduce_kernel(Algorithm::OneshotPull, DType::I32, ReduceOp::Sum, false);
         assert!(!loaded.iter().any(|l| l == missing));
+    }
+
+    #[test]
+    fn two_rank_kernels_stand_in_for_their_launches_only() {
+        let pairs: Vec<_> = every_pair_kernel().collect();
+        assert_eq!(pairs.len(), 2 * DTYPES.len() * OPS.len());
+        for ((reducer, dtype, op), one_block) in pairs {
+            // Each is built by the source, and stands in for a kernel that is loaded.
+            assert!(
+                COLLECTIVES.source.contains(&format!(
+                    "PEER_AR_PAIR(PEER_{}, {},",
+                    reducer.stem().to_uppercase(),
+                    reducer.stem()
+                )),
+                "{reducer:?}"
+            );
+            assert!(every_kernel_name().contains(&name(reducer, dtype, op)));
+            assert_eq!(
+                one_block,
+                reducer == Reducer::AllReduce(Algorithm::OneshotPush)
+            );
+        }
+        assert!(pair_stands_in(true, 2, 1));
+        assert!(!pair_stands_in(true, 2, 4));
+        assert!(pair_stands_in(false, 2, 4));
+        for world in [1, 3, 4, 8] {
+            assert!(!pair_stands_in(false, world, 1), "{world}");
+            assert!(!pair_stands_in(true, world, 1), "{world}");
+        }
     }
 
     #[test]
