@@ -45,6 +45,14 @@ __device__ __forceinline__ void probe_st(u64* p, u64 v) {
     asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
 }
 
+// A flag's store of `flavor`: 0 volatile, 1 volatile and a system fence after it, 2 a weak
+// store written through L2 to system memory (.wt), 3 .wt and a fence.
+__device__ __forceinline__ void probe_st_as(u64* p, u64 v, int flavor) {
+    if (flavor & 2) asm volatile("st.global.wt.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+    else probe_st(p, v);
+    if (flavor & 1) __threadfence_system();
+}
+
 // One thread follows `steps` links of the chain in `chain` (chain[i] is the index of the
 // next word): each load waits for the one before. times[0] = ns for all of them; the last
 // index goes to times[1] so that the loads cannot be dropped.
@@ -118,10 +126,7 @@ extern "C" __global__ void host_probe_pingpong(u64* out, const u64* in, u64 roun
     const u64 t0 = probe_now();
     for (u64 r = 1; r <= rounds; ++r) {
         const u64 at = (r % pages) * page_words;
-        if (first) {
-            probe_st(out + at, r);
-            if (fence) __threadfence_system();
-        }
+        if (first) probe_st_as(out + at, r, fence);
         while (probe_ld(in + at) != r) {
             if (probe_now() - t0 > limit_ns) {
                 times[1] = r;
@@ -129,10 +134,7 @@ extern "C" __global__ void host_probe_pingpong(u64* out, const u64* in, u64 roun
                 return;
             }
         }
-        if (!first) {
-            probe_st(out + at, r);
-            if (fence) __threadfence_system();
-        }
+        if (!first) probe_st_as(out + at, r, fence);
     }
     times[0] = probe_now() - t0;
 }
@@ -189,5 +191,71 @@ extern "C" __global__ void host_probe_burst(const uint4* buf, u64 k, u64 pitch, 
     case 2: probe_burst<2>(buf, pitch, flavor, times, sink); break;
     case 4: probe_burst<4>(buf, pitch, flavor, times, sink); break;
     default: probe_burst<8>(buf, pitch, flavor, times, sink); break;
+    }
+}
+
+// Waits until `in` (copy i at in + i * 16 where `spread`, else one word) holds r, with K
+// polls in flight at once: issued `gap` clock cycles apart and each issued again as soon as
+// it returns, so that a flag is seen about a K-th of a round trip after it lands instead of
+// up to a whole one. False when `limit_ns` from t0 passed first.
+template <int K>
+__device__ __forceinline__ bool probe_wait_staggered(const u64* in, u64 r, int spread, u64 gap, u64 t0,
+                                                     u64 limit_ns) {
+    u64 x[K];
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+        x[i] = probe_ld(in + (spread ? i * 16 : 0));
+        const u64 c0 = clock64();
+        if (i + 1 < K)
+            while (clock64() - c0 < gap) {
+            }
+    }
+    while (true) {
+#pragma unroll
+        for (int i = 0; i < K; ++i) {
+            if (x[i] == r) return true;
+            x[i] = probe_ld(in + (spread ? i * 16 : 0));
+        }
+        if (probe_now() - t0 > limit_ns) return false;
+    }
+}
+
+// host_probe_pingpong, one page, stores of `store` (probe_st_as; a fence once after every
+// copy), with K = k polls in flight (probe_wait_staggered) and, with `spread`, K copies of
+// the flag, a line each, all written by the sender.
+template <int K>
+__device__ __forceinline__ void probe_put_copies(u64* out, u64 r, int copies, int store) {
+    for (int i = 0; i < copies; ++i) probe_st_as(out + i * 16, r, store & 2);
+    if (store & 1) __threadfence_system();
+}
+
+template <int K>
+__device__ void probe_pingpong_staggered(u64* out, const u64* in, u64 rounds, int first, u64 limit_ns, int spread,
+                                         u64 gap, int store, u64* times) {
+    times[1] = 0;
+    const int copies = spread ? K : 1;
+    const u64 t0 = probe_now();
+    for (u64 r = 1; r <= rounds; ++r) {
+        if (first) probe_put_copies<K>(out, r, copies, store);
+        if (!probe_wait_staggered<K>(in, r, spread, gap, t0, limit_ns)) {
+            times[1] = r;
+            times[0] = probe_now() - t0;
+            return;
+        }
+        if (!first) probe_put_copies<K>(out, r, copies, store);
+    }
+    times[0] = probe_now() - t0;
+}
+
+extern "C" __global__ void host_probe_pingpong_staggered(u64* out, const u64* in, u64 rounds, int first,
+                                                         u64 limit_ns, u64 k, int spread, u64 gap, int store,
+                                                         u64* times) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    switch (k) {
+    case 1: probe_pingpong_staggered<1>(out, in, rounds, first, limit_ns, spread, gap, store, times); break;
+    case 2: probe_pingpong_staggered<2>(out, in, rounds, first, limit_ns, spread, gap, store, times); break;
+    case 3: probe_pingpong_staggered<3>(out, in, rounds, first, limit_ns, spread, gap, store, times); break;
+    case 4: probe_pingpong_staggered<4>(out, in, rounds, first, limit_ns, spread, gap, store, times); break;
+    default: probe_pingpong_staggered<8>(out, in, rounds, first, limit_ns, spread, gap, store, times); break;
     }
 }

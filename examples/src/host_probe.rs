@@ -19,7 +19,10 @@
 //!   memory allocated by the driver, in a shared-memory file registered with it (as
 //!   comm-symm's host backing maps its heap) and in VMM host memory (`cuMemCreate` on the
 //!   host NUMA node), each with and without a system fence after
-//!   each write, on one page or on a new page each round (as rotating mailboxes are);
+//!   each write, on one page or on a new page each round (as rotating mailboxes are); and
+//!   with waits that keep several polls in flight, spaced over a load's round trip, on one
+//!   word or each on a copy of the flag of its own, the flag stored plainly, fenced or
+//!   written through L2 (`probe_pingpong_staggered`);
 //! - **bursts**: one thread issues 1-8 independent loads of host memory before it uses any,
 //!   of each kind (volatile, relaxed.sys, weak `.cv`, weak, acquire.sys): do they travel
 //!   together (one round trip) or one after another (on one H200: together, but for
@@ -209,6 +212,7 @@ struct Gpu {
     moves: CudaFunction,
     move_pair: CudaFunction,
     pingpong: CudaFunction,
+    pingpong_staggered: CudaFunction,
     load_after_writes: CudaFunction,
     burst: CudaFunction,
 }
@@ -223,6 +227,11 @@ impl Gpu {
             moves: cache.function(ctx, &HOST_PROBE, "host_probe_move")?,
             move_pair: cache.function(ctx, &HOST_PROBE, "host_probe_move_pair")?,
             pingpong: cache.function(ctx, &HOST_PROBE, "host_probe_pingpong")?,
+            pingpong_staggered: cache.function(
+                ctx,
+                &HOST_PROBE,
+                "host_probe_pingpong_staggered",
+            )?,
             load_after_writes: cache.function(ctx, &HOST_PROBE, "host_probe_load_after_writes")?,
             burst: cache.function(ctx, &HOST_PROBE, "host_probe_burst")?,
             memory,
@@ -330,6 +339,8 @@ pub struct Report {
     pub moves: Vec<Move>,
     /// Flags bounced through host memory.
     pub pingpongs: Vec<PingPong>,
+    /// Flags bounced through host memory, seen by several polls in flight at once.
+    pub staggered: Vec<Staggered>,
     /// One host load after a block's writes, by bytes, memory written and fence.
     pub after_writes: Vec<LoadAfterWrites>,
     /// One thread's independent loads of host memory, by kind and number.
@@ -389,6 +400,25 @@ pub struct PingPong {
     /// Pages the flags rotate through, a new one each round (1: always the same).
     pub pages: usize,
     /// Half a round, ns; or why it failed (a side that never saw the other's write).
+    pub one_way_ns: Result<f64>,
+}
+
+/// A ping-pong (shared-file host memory, no fence, one page) whose waits keep `polls` loads
+/// of the flag in flight, issued `gap_cycles` SM clocks apart and each issued again as soon
+/// as it returns (`probe_wait_staggered`): a write lands between two polls' arrivals rather
+/// than up to a round trip before the next one.
+#[derive(Debug)]
+pub struct Staggered {
+    /// Loads in flight at once.
+    pub polls: u64,
+    /// Poll i reads a copy of the flag of its own (a line each, all written by the sender),
+    /// not the one word every poll reads.
+    pub spread: bool,
+    /// SM clocks between two polls' issues.
+    pub gap_cycles: u64,
+    /// How the flag is written.
+    pub store: FlagStore,
+    /// Half a round, ns (median of 5 runs); or why it failed.
     pub one_way_ns: Result<f64>,
 }
 
@@ -516,7 +546,7 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
     ] {
         for fence in [true, false] {
             for pages in [1, ROTATING_PAGES] {
-                let one_way_ns = pingpong(&gpu, &other, 10_000, memory, fence, pages);
+                let one_way_ns = pingpong(&gpu, &other, 10_000, memory, fence, pages, None);
                 pingpongs.push(PingPong {
                     two_gpus,
                     memory,
@@ -527,12 +557,55 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
             }
         }
     }
+    // Polls spaced so that `polls` of them cover one load's round trip.
+    let clock_khz = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
+        .map_err(driver_error)? as f64;
+    let round_trip_cycles = host_load_ns * clock_khz / 1e6;
+    let mut staggered = Vec::new();
+    for (store, polls, spread) in [
+        (FlagStore::Volatile, 1, false),
+        (FlagStore::Volatile, 2, false),
+        (FlagStore::Volatile, 2, true),
+        (FlagStore::Volatile, 4, true),
+        (FlagStore::Fenced, 1, false),
+        (FlagStore::Fenced, 2, true),
+        (FlagStore::WriteThrough, 1, false),
+    ] {
+        let poll = Poll {
+            polls,
+            spread,
+            gap_cycles: (round_trip_cycles / polls as f64).round() as u64,
+            store,
+        };
+        let runs: Result<Vec<f64>> = (0..5)
+            .map(|_| {
+                pingpong(
+                    &gpu,
+                    &other,
+                    2_000,
+                    HostMemory::Registered,
+                    false,
+                    1,
+                    Some(&poll),
+                )
+            })
+            .collect();
+        staggered.push(Staggered {
+            polls,
+            spread,
+            gap_cycles: poll.gap_cycles,
+            store,
+            one_way_ns: runs.map(median),
+        });
+    }
     let (kernel_us, kernel_pair_us) = empty_kernels(ordinal)?;
     Ok(Report {
         host_load_ns,
         device_load_ns,
         moves,
         pingpongs,
+        staggered,
         after_writes,
         bursts,
         kernel_us,
@@ -700,9 +773,48 @@ fn loads_after_writes(gpu: &Gpu, walk: &Pinned, reps: usize) -> Result<Vec<LoadA
     Ok(out)
 }
 
+/// How a staggered ping-pong's flag is stored (`probe_st_as`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagStore {
+    /// `st.volatile`, as the all-reduce kernels push.
+    Volatile,
+    /// `st.volatile` and a system fence.
+    Fenced,
+    /// `st.global.wt`: written through L2 to system memory.
+    WriteThrough,
+}
+
+impl FlagStore {
+    /// `probe_st_as`'s flavor.
+    fn flavor(self) -> i32 {
+        match self {
+            FlagStore::Volatile => 0,
+            FlagStore::Fenced => 1,
+            FlagStore::WriteThrough => 2,
+        }
+    }
+
+    /// As the tables print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            FlagStore::Volatile => "volatile",
+            FlagStore::Fenced => "volatile + fence",
+            FlagStore::WriteThrough => "write-through",
+        }
+    }
+}
+
+/// How a staggered ping-pong polls and writes (see [`Staggered`]).
+struct Poll {
+    polls: u64,
+    spread: bool,
+    gap_cycles: u64,
+    store: FlagStore,
+}
+
 /// Half a round (ns) of a flag bounced `rounds` times between `a` and `b` (which may be
 /// two streams of one GPU: both kernels run at once) through `memory`, round r on page
-/// r % `pages`.
+/// r % `pages`; with `poll`, by the staggered kernel (one page, no fence).
 fn pingpong(
     a: &Gpu,
     b: &Gpu,
@@ -710,6 +822,7 @@ fn pingpong(
     memory: HostMemory,
     fence: bool,
     pages: usize,
+    poll: Option<&Poll>,
 ) -> Result<f64> {
     // Two flags a cache line apart on each page, and each side's two result words.
     let flags = Flags::new(memory, a, b, pages * PAGE)?;
@@ -717,15 +830,28 @@ fn pingpong(
     let limit_ns: u64 = 2_000_000_000;
     for (side, gpu) in [a, b].into_iter().enumerate() {
         let base = flags.device(gpu.ctx())?;
+        // A staggered side's copies of its flag take 8 lines.
+        let apart = if poll.is_some() { 8 * 128 } else { 128 };
         let (mut out, mut inp) = if side == 0 {
-            (base, base + 128)
+            (base, base + apart)
         } else {
-            (base + 128, base)
+            (base + apart, base)
         };
         let (mut rounds, mut first, mut limit) = (rounds, i32::from(side == 0), limit_ns);
         let mut fence = i32::from(fence);
         let (mut pages, mut page_words) = (pages as u64, (PAGE / 8) as u64);
         let mut t = times[side].device(gpu.ctx())?;
+        if let Some(poll) = poll {
+            let (mut k, mut gap) = (poll.polls, poll.gap_cycles);
+            let (mut spread, mut store) = (i32::from(poll.spread), poll.store.flavor());
+            let mut params =
+                comm_core::kernel_params![out, inp, rounds, first, limit, k, spread, gap, store, t];
+            // SAFETY: (u64* out, const u64* in, u64 rounds, int first, u64 limit_ns, u64 k,
+            // int spread, u64 gap, int store, u64* times): both flags' copies (at most 8 lines each,
+            // within the first page) and both result words are mapped host memory.
+            unsafe { gpu.launch(&gpu.pingpong_staggered, 1, 32, &mut params)? };
+            continue;
+        }
         let mut params =
             comm_core::kernel_params![out, inp, rounds, first, limit, fence, pages, page_words, t];
         // SAFETY: (u64* out, const u64* in, u64 rounds, int first, u64 limit_ns, int fence,
@@ -1147,6 +1273,7 @@ mod tests {
                 pingpong(Err(Error::InvalidArgument("lost".into()))),
                 pingpong(Ok(1800.0)),
             ],
+            staggered: Vec::new(),
             after_writes: vec![LoadAfterWrites {
                 bytes: 0,
                 into_host: true,
@@ -1171,6 +1298,7 @@ mod tests {
         assert_eq!(f.moves[0].both_ways_us, 5.5);
         let no_flag = Report {
             pingpongs: vec![pingpong(Err(Error::InvalidArgument("lost".into())))],
+            staggered: Vec::new(),
             ..report
         };
         assert!(Floors::from_report(&no_flag).is_err());

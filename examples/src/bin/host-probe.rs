@@ -124,6 +124,23 @@ fn main() -> ExitCode {
             Err(e) => println!("{what}: failed: {e}"),
         }
     }
+    for p in &report.staggered {
+        let what = format!(
+            "a flag stored {} with {} polls in flight, {} cycles apart, {}",
+            p.store.name(),
+            p.polls,
+            p.gap_cycles,
+            if p.spread {
+                "each on a copy of its own"
+            } else {
+                "all on one word"
+            }
+        );
+        match &p.one_way_ns {
+            Ok(ns) => println!("{what}: {ns:.0} ns (half a round)"),
+            Err(e) => println!("{what}: failed: {e}"),
+        }
+    }
     println!("one host load after one block's stores (512 threads):");
     println!(
         "{:>10} {:>12} {:>9} {:>9} {:>9}",
