@@ -210,7 +210,7 @@ fn every_reducing_kernel() -> impl Iterator<Item = (Reducer, DType, ReduceOp)> {
 /// The reducing kernels with a two-rank version, `<name>_pair` (`PEER_AR_PAIR`: the world a
 /// constant, so that the code for more peers drops out; sm_90, bf16 sum: one-shot push 172
 /// KB of code, its pair 112 KB; tapered 90 KB, its pair 59 KB), and whether it stands in
-/// only for launches of one block. One H100, two ranks as threads on host memory, graphs,
+/// only for launches of one block (and only over host memory: [`pair_stands_in`]). One H100, two ranks as threads on host memory, graphs,
 /// medians of 3 rounds against the generic kernels in the same run (2026-12-06): one-shot
 /// push of one block 8 B 3.66 us / 3.96, 1 KiB 3.47 / 3.84, 8 KiB 4.26 / 4.58, where one
 /// warp's chain of steps is the call; of several blocks it was slower in an earlier run (42
@@ -227,9 +227,12 @@ fn every_pair_kernel() -> impl Iterator<Item = ((Reducer, DType, ReduceOp), bool
 }
 
 /// Whether a two-rank kernel (for launches of one block only, where `one_block`) stands in
-/// for a launch of `blocks` among `world` ranks.
-fn pair_stands_in(one_block: bool, world: u32, blocks: u32) -> bool {
-    world == 2 && (blocks == 1 || !one_block)
+/// for a launch of `blocks` among `world` ranks whose regions are host memory (`host`) or
+/// not. Only over host memory for now: that is where they were measured and checked (one
+/// GPU); over device memory between two GPUs they have not run yet, and a two-rank one-shot
+/// local kernel (one GPU's device memory) hung gpu-check there (not landed).
+fn pair_stands_in(one_block: bool, world: u32, blocks: u32, host: bool) -> bool {
+    host && world == 2 && (blocks == 1 || !one_block)
 }
 
 /// `peer_<stem>_<dtype>_<op>`.
@@ -320,11 +323,15 @@ impl Kernels {
         self
     }
 
-    /// Kernel `name`, or for a launch of `blocks` between two ranks its two-rank version
-    /// where it has one for such a launch.
-    fn function(&self, name: &str, world: u32, blocks: u32) -> Result<&CudaFunction> {
+    /// Kernel `name`, or for a launch of `blocks` with `args` its two-rank version where it
+    /// has one for such a launch ([`pair_stands_in`]).
+    fn function(&self, name: &str, args: &PeerArgs, blocks: u32) -> Result<&CudaFunction> {
         let pair = match self.pairs.get(name) {
-            Some((f, one_block)) if pair_stands_in(*one_block, world, blocks) => Some(f),
+            Some((f, one_block))
+                if pair_stands_in(*one_block, args.world, blocks, args.host != 0) =>
+            {
+                Some(f)
+            }
             _ => None,
         };
         pair.or_else(|| self.functions.get(name))
@@ -342,7 +349,7 @@ impl Kernels {
         stream: RawStream,
         args: &PeerArgs,
     ) -> Result<()> {
-        let f = self.function(name, args.world, blocks)?;
+        let f = self.function(name, args, blocks)?;
         self.ctx.bind_to_thread().map_err(driver_error)?;
         let mut args = PeerArgs {
             call_digest: calls::digest(&args.call),
@@ -540,13 +547,16 @@ mod tests {
                 reducer == Reducer::AllReduce(Algorithm::OneshotPush)
             );
         }
-        assert!(pair_stands_in(true, 2, 1));
-        assert!(!pair_stands_in(true, 2, 4));
-        assert!(pair_stands_in(false, 2, 4));
+        assert!(pair_stands_in(true, 2, 1, true));
+        assert!(!pair_stands_in(true, 2, 4, true));
+        assert!(pair_stands_in(false, 2, 4, true));
         for world in [1, 3, 4, 8] {
-            assert!(!pair_stands_in(false, world, 1), "{world}");
-            assert!(!pair_stands_in(true, world, 1), "{world}");
+            assert!(!pair_stands_in(false, world, 1, true), "{world}");
+            assert!(!pair_stands_in(true, world, 1, true), "{world}");
         }
+        // Not measured over device memory yet.
+        assert!(!pair_stands_in(true, 2, 1, false));
+        assert!(!pair_stands_in(false, 2, 4, false));
     }
 
     #[test]
