@@ -16,7 +16,9 @@
 //! written), or by the copy engines
 //! (`copies`: kernels only signal and sum; for regions in host memory), reduce-scatter,
 //! all-gather, broadcast, the fused all-reduce + residual + RMSNorm, and signal
-//! primitives. A message larger than the staging areas (`max_bytes` of [`PeerConfig`])
+//! primitives. Between two ranks over host memory, the one-shot push of one block and the
+//! tapered stream run copies compiled for a world of two (`kernels`), whose shorter code is
+//! faster. A message larger than the staging areas (`max_bytes` of [`PeerConfig`])
 //! moves in parts, each starting on a 16-byte boundary and cut alike on every rank
 //! (`chunks`): part after part in one launch (two-shot pull), or a launch per part. Every element is reduced in rank
 //! order in f32, so every rank holds the same bits. Every spin is bounded: a kernel that
