@@ -210,14 +210,14 @@ fn every_reducing_kernel() -> impl Iterator<Item = (Reducer, DType, ReduceOp)> {
 /// The reducing kernels with a two-rank version, `<name>_pair` (`PEER_AR_PAIR`: the world a
 /// constant, so that the code for more peers drops out; sm_90, bf16 sum: one-shot push 172
 /// KB of code, its pair 112 KB; tapered 90 KB, its pair 59 KB), and whether it stands in
-/// only for launches of one block (and only over host memory: [`pair_stands_in`]). One H100, two ranks as threads on host memory, graphs,
-/// medians of 3 rounds against the generic kernels in the same run (2026-12-06): one-shot
-/// push of one block 8 B 3.66 us / 3.96, 1 KiB 3.47 / 3.84, 8 KiB 4.26 / 4.58, where one
-/// warp's chain of steps is the call; of several blocks it was slower in an earlier run (42
-/// KB 7.04 / 6.87, 64 KiB 8.88 / 8.46), so those keep the generic kernel. Tapered 768 KiB
-/// 49.78 / 51.13, 1 MiB 63.34 / 64.66, 4 MiB 226.80 / 228.54. The other streamed kernels'
-/// pairs were not all faster (grouped, 256 KiB, that earlier run: 23.71 / 21.45), so they
-/// have none.
+/// only for launches of one block (and only over host memory: [`pair_stands_in`]). One H100,
+/// two ranks as threads on host memory, graphs, medians of 3 rounds against the generic
+/// kernels in the same run (2026-12-06): one-shot push of one block 8 B 3.66 us / 3.96, 1
+/// KiB 3.47 / 3.84, 8 KiB 4.26 / 4.58, where one warp's chain of steps is the call; of
+/// several blocks it was slower in an earlier run (42 KB 7.04 / 6.87, 64 KiB 8.88 / 8.46),
+/// so those keep the generic kernel. Tapered 768 KiB 49.78 / 51.13, 1 MiB 63.34 / 64.66, 4
+/// MiB 226.80 / 228.54. The other streamed kernels' pairs were not all faster (grouped, 256
+/// KiB, that earlier run: 23.71 / 21.45), so they have none.
 fn every_pair_kernel() -> impl Iterator<Item = ((Reducer, DType, ReduceOp), bool)> {
     every_reducing_kernel().filter_map(|kernel| match kernel.0 {
         Reducer::AllReduce(Algorithm::OneshotPush) => Some((kernel, true)),

@@ -223,7 +223,6 @@ __device__ __forceinline__ bool probe_wait_staggered(const u64* in, u64 r, int s
 // host_probe_pingpong, one page, stores of `store` (probe_st_as; a fence once after every
 // copy), with K = k polls in flight (probe_wait_staggered) and, with `spread`, K copies of
 // the flag, a line each, all written by the sender.
-template <int K>
 __device__ __forceinline__ void probe_put_copies(u64* out, u64 r, int copies, int store) {
     for (int i = 0; i < copies; ++i) probe_st_as(out + i * 16, r, store & 2);
     if (store & 1) __threadfence_system();
@@ -236,13 +235,13 @@ __device__ void probe_pingpong_staggered(u64* out, const u64* in, u64 rounds, in
     const int copies = spread ? K : 1;
     const u64 t0 = probe_now();
     for (u64 r = 1; r <= rounds; ++r) {
-        if (first) probe_put_copies<K>(out, r, copies, store);
+        if (first) probe_put_copies(out, r, copies, store);
         if (!probe_wait_staggered<K>(in, r, spread, gap, t0, limit_ns)) {
             times[1] = r;
             times[0] = probe_now() - t0;
             return;
         }
-        if (!first) probe_put_copies<K>(out, r, copies, store);
+        if (!first) probe_put_copies(out, r, copies, store);
     }
     times[0] = probe_now() - t0;
 }
