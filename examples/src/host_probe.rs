@@ -403,7 +403,7 @@ pub struct PingPong {
     pub one_way_ns: Result<f64>,
 }
 
-/// A ping-pong (shared-file host memory, no fence, one page) whose waits keep `polls` loads
+/// A ping-pong (shared-file host memory, one page) whose waits keep `polls` loads
 /// of the flag in flight, issued `gap_cycles` SM clocks apart and each issued again as soon
 /// as it returns (`probe_wait_staggered`): a write lands between two polls' arrivals rather
 /// than up to a round trip before the next one.
@@ -814,7 +814,8 @@ struct Poll {
 
 /// Half a round (ns) of a flag bounced `rounds` times between `a` and `b` (which may be
 /// two streams of one GPU: both kernels run at once) through `memory`, round r on page
-/// r % `pages`; with `poll`, by the staggered kernel (one page, no fence).
+/// r % `pages`; with `poll`, by the staggered kernel (one page; `fence` gives way to how
+/// `poll` stores the flag).
 fn pingpong(
     a: &Gpu,
     b: &Gpu,
