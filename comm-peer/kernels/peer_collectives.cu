@@ -964,6 +964,7 @@ template <int ALGO, int DT, int OP> __device__ __forceinline__ void peer_all_red
     PEER_AR(PEER_ONESHOT_GROUPED, oneshot_grouped, DT, DNAME, OP, ONAME) \
     PEER_AR(PEER_ONESHOT_TAPERED, oneshot_tapered, DT, DNAME, OP, ONAME) \
     PEER_AR_PAIR(PEER_ONESHOT_PUSH, oneshot_push, DT, DNAME, OP, ONAME) \
+    PEER_AR_PAIR(PEER_ONESHOT_LOCAL, oneshot_local, DT, DNAME, OP, ONAME) \
     PEER_AR_PAIR(PEER_ONESHOT_TAPERED, oneshot_tapered, DT, DNAME, OP, ONAME) \
     PEER_RS(DT, DNAME, OP, ONAME)
 #define PEER_DTYPE(DT, DNAME)                 \

@@ -207,32 +207,50 @@ fn every_reducing_kernel() -> impl Iterator<Item = (Reducer, DType, ReduceOp)> {
     })
 }
 
+/// Which launches a two-rank kernel stands in for ([`pair_stands_in`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PairUse {
+    /// Launches of one block over host memory.
+    OneBlockOverHost,
+    /// Every launch over host memory.
+    OverHost,
+    /// Launches of one block (one-shot local runs only where the ranks share one device's
+    /// memory).
+    OneBlock,
+}
+
 /// The reducing kernels with a two-rank version, `<name>_pair` (`PEER_AR_PAIR`: the world a
 /// constant, so that the code for more peers drops out; sm_90, bf16 sum: one-shot push 172
-/// KB of code, its pair 112 KB; tapered 90 KB, its pair 59 KB), and whether it stands in
-/// only for launches of one block (and only over host memory: [`pair_stands_in`]). One H100,
-/// two ranks as threads on host memory, graphs, medians of 3 rounds against the generic
-/// kernels in the same run (2026-12-06): one-shot push of one block 8 B 3.66 us / 3.96, 1
-/// KiB 3.47 / 3.84, 8 KiB 4.26 / 4.58, where one warp's chain of steps is the call; of
-/// several blocks it was slower in an earlier run (42 KB 7.04 / 6.87, 64 KiB 8.88 / 8.46),
-/// so those keep the generic kernel. Tapered 768 KiB 49.78 / 51.13, 1 MiB 63.34 / 64.66, 4
-/// MiB 226.80 / 228.54. The other streamed kernels' pairs were not all faster (grouped, 256
-/// KiB, that earlier run: 23.71 / 21.45), so they have none.
-fn every_pair_kernel() -> impl Iterator<Item = ((Reducer, DType, ReduceOp), bool)> {
+/// KB of code, its pair 112 KB; tapered 90 KB, its pair 59 KB), and the launches it stands
+/// in for. One H100, two ranks as threads, graphs, medians of 3 rounds against the generic
+/// kernels in the same run (2026-12-06): over host memory, one-shot push of one block 8 B
+/// 3.66 us / 3.96, 1 KiB 3.47 / 3.84, 8 KiB 4.26 / 4.58, where one warp's chain of steps is
+/// the call; of several blocks it was slower in an earlier run (42 KB 7.04 / 6.87, 64 KiB
+/// 8.88 / 8.46), so those keep the generic kernel. Tapered 768 KiB 49.78 / 51.13, 1 MiB
+/// 63.34 / 64.66, 4 MiB 226.80 / 228.54. On one device's memory, one-shot local of one block
+/// 8 B 2.63 / 2.75, 1 KiB 2.54 / 2.73 (8-64 KiB, several blocks: equal). The other streamed
+/// kernels' pairs were not all faster (grouped, 256 KiB, that earlier run: 23.71 / 21.45),
+/// so they have none.
+fn every_pair_kernel() -> impl Iterator<Item = ((Reducer, DType, ReduceOp), PairUse)> {
     every_reducing_kernel().filter_map(|kernel| match kernel.0 {
-        Reducer::AllReduce(Algorithm::OneshotPush) => Some((kernel, true)),
-        Reducer::OneshotTapered => Some((kernel, false)),
+        Reducer::AllReduce(Algorithm::OneshotPush) => Some((kernel, PairUse::OneBlockOverHost)),
+        Reducer::OneshotTapered => Some((kernel, PairUse::OverHost)),
+        Reducer::OneshotLocal => Some((kernel, PairUse::OneBlock)),
         _ => None,
     })
 }
 
-/// Whether a two-rank kernel (for launches of one block only, where `one_block`) stands in
-/// for a launch of `blocks` among `world` ranks whose regions are host memory (`host`) or
-/// not. Only over host memory for now: that is where they were measured and checked (one
-/// GPU); over device memory between two GPUs they have not run yet, and a two-rank one-shot
-/// local kernel (one GPU's device memory) hung gpu-check there (not landed).
-fn pair_stands_in(one_block: bool, world: u32, blocks: u32, host: bool) -> bool {
-    host && world == 2 && (blocks == 1 || !one_block)
+/// Whether a two-rank kernel of `pair_use` stands in for a launch of `blocks` among `world`
+/// ranks whose regions are host memory (`host`) or not. The push kernels' pairs stand in
+/// only over host memory: that is where they were measured and checked (one GPU); over
+/// device memory between two GPUs they have not run yet.
+fn pair_stands_in(pair_use: PairUse, world: u32, blocks: u32, host: bool) -> bool {
+    world == 2
+        && match pair_use {
+            PairUse::OneBlockOverHost => host && blocks == 1,
+            PairUse::OverHost => host,
+            PairUse::OneBlock => blocks == 1,
+        }
 }
 
 /// `peer_<stem>_<dtype>_<op>`.
@@ -259,14 +277,20 @@ fn every_kernel_name() -> Vec<String> {
     names
 }
 
+/// A kernel of the module, and its two-rank version where it has one.
+#[derive(Debug)]
+struct Entry {
+    generic: CudaFunction,
+    /// `<name>_pair`, and the launches it stands in for ([`every_pair_kernel`]).
+    pair: Option<(CudaFunction, PairUse)>,
+}
+
 /// The module of one context and every function of it.
 #[derive(Debug)]
 pub(crate) struct Kernels {
     ctx: Arc<CudaContext>,
-    functions: HashMap<String, CudaFunction>,
-    /// The two-rank kernels (`<name>_pair`), by the name of the kernel they stand in for,
-    /// and whether only for launches of one block ([`every_pair_kernel`]).
-    pairs: HashMap<String, (CudaFunction, bool)>,
+    /// Every kernel by name: one lookup a launch.
+    kernels: HashMap<String, Entry>,
     residency: Residency,
     overlap: Overlap,
 }
@@ -280,32 +304,39 @@ impl Kernels {
     /// would wait until the peer timed out.
     pub(crate) fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
         let cache = KernelCache::global();
-        let functions: HashMap<String, CudaFunction> = every_kernel_name()
+        let mut kernels: HashMap<String, Entry> = every_kernel_name()
             .into_iter()
             .map(|name| {
-                let f = cache.function(ctx, &COLLECTIVES, &name)?;
-                Ok((name, f))
+                let generic = cache.function(ctx, &COLLECTIVES, &name)?;
+                Ok((
+                    name,
+                    Entry {
+                        generic,
+                        pair: None,
+                    },
+                ))
             })
             .collect::<Result<_>>()?;
-        let pairs: HashMap<String, (CudaFunction, bool)> = every_pair_kernel()
-            .map(|((reducer, dtype, op), one_block)| {
-                let name = name(reducer, dtype, op);
-                let f = cache.function(ctx, &COLLECTIVES, &format!("{name}_pair"))?;
-                Ok((name, (f, one_block)))
-            })
-            .collect::<Result<_>>()?;
+        for ((reducer, dtype, op), pair_use) in every_pair_kernel() {
+            let name = name(reducer, dtype, op);
+            let f = cache.function(ctx, &COLLECTIVES, &format!("{name}_pair"))?;
+            if let Some(entry) = kernels.get_mut(&name) {
+                entry.pair = Some((f, pair_use));
+            }
+        }
         let (major, _) = ctx.compute_capability().map_err(driver_error)?;
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_error)?;
         let residency = Residency::of(
             u32::try_from(sms).unwrap_or(1),
-            functions.values().chain(pairs.values().map(|(f, _)| f)),
+            kernels
+                .values()
+                .flat_map(|e| std::iter::once(&e.generic).chain(e.pair.as_ref().map(|(f, _)| f))),
         )?;
         Ok(Kernels {
             ctx: ctx.clone(),
-            functions,
-            pairs,
+            kernels,
             residency,
             overlap: Overlap::for_capability(major),
         })
@@ -326,19 +357,18 @@ impl Kernels {
     /// Kernel `name`, or for a launch of `blocks` with `args` its two-rank version where it
     /// has one for such a launch ([`pair_stands_in`]).
     fn function(&self, name: &str, args: &PeerArgs, blocks: u32) -> Result<&CudaFunction> {
-        let pair = match self.pairs.get(name) {
-            Some((f, one_block))
-                if pair_stands_in(*one_block, args.world, blocks, args.host != 0) =>
+        let entry = self.kernels.get(name).ok_or_else(|| Error::Backend {
+            backend: "cuda",
+            source: format!("peer memory: no kernel named {name}").into(),
+        })?;
+        Ok(match &entry.pair {
+            Some((pair, pair_use))
+                if pair_stands_in(*pair_use, args.world, blocks, args.host != 0) =>
             {
-                Some(f)
+                pair
             }
-            _ => None,
-        };
-        pair.or_else(|| self.functions.get(name))
-            .ok_or_else(|| Error::Backend {
-                backend: "cuda",
-                source: format!("peer memory: no kernel named {name}").into(),
-            })
+            _ => &entry.generic,
+        })
     }
 
     /// Enqueues kernel `name` on `stream` with `(blocks, threads)`.
@@ -530,8 +560,8 @@ mod tests {
     #[test]
     fn two_rank_kernels_stand_in_for_their_launches_only() {
         let pairs: Vec<_> = every_pair_kernel().collect();
-        assert_eq!(pairs.len(), 2 * DTYPES.len() * OPS.len());
-        for ((reducer, dtype, op), one_block) in pairs {
+        assert_eq!(pairs.len(), 3 * DTYPES.len() * OPS.len());
+        for ((reducer, dtype, op), pair_use) in pairs {
             // Each is built by the source, and stands in for a kernel that is loaded.
             assert!(
                 COLLECTIVES.source.contains(&format!(
@@ -542,21 +572,28 @@ mod tests {
                 "{reducer:?}"
             );
             assert!(every_kernel_name().contains(&name(reducer, dtype, op)));
-            assert_eq!(
-                one_block,
-                reducer == Reducer::AllReduce(Algorithm::OneshotPush)
-            );
+            let expected = match reducer {
+                Reducer::AllReduce(Algorithm::OneshotPush) => PairUse::OneBlockOverHost,
+                Reducer::OneshotTapered => PairUse::OverHost,
+                _ => PairUse::OneBlock,
+            };
+            assert_eq!(pair_use, expected, "{reducer:?}");
         }
-        assert!(pair_stands_in(true, 2, 1, true));
-        assert!(!pair_stands_in(true, 2, 4, true));
-        assert!(pair_stands_in(false, 2, 4, true));
+        use PairUse::*;
+        assert!(pair_stands_in(OneBlockOverHost, 2, 1, true));
+        assert!(!pair_stands_in(OneBlockOverHost, 2, 4, true));
+        assert!(pair_stands_in(OverHost, 2, 4, true));
+        assert!(pair_stands_in(OneBlock, 2, 1, false));
+        assert!(!pair_stands_in(OneBlock, 2, 4, false));
         for world in [1, 3, 4, 8] {
-            assert!(!pair_stands_in(false, world, 1, true), "{world}");
-            assert!(!pair_stands_in(true, world, 1, true), "{world}");
+            for pair_use in [OneBlockOverHost, OverHost, OneBlock] {
+                assert!(!pair_stands_in(pair_use, world, 1, true), "{world}");
+                assert!(!pair_stands_in(pair_use, world, 1, false), "{world}");
+            }
         }
-        // Not measured over device memory yet.
-        assert!(!pair_stands_in(true, 2, 1, false));
-        assert!(!pair_stands_in(false, 2, 4, false));
+        // The push kernels' pairs: not measured over device memory yet.
+        assert!(!pair_stands_in(OneBlockOverHost, 2, 1, false));
+        assert!(!pair_stands_in(OverHost, 2, 4, false));
     }
 
     #[test]
