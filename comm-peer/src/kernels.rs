@@ -319,10 +319,14 @@ impl Kernels {
             .collect::<Result<_>>()?;
         for ((reducer, dtype, op), pair_use) in every_pair_kernel() {
             let name = name(reducer, dtype, op);
-            let f = cache.function(ctx, &COLLECTIVES, &format!("{name}_pair"))?;
-            if let Some(entry) = kernels.get_mut(&name) {
-                entry.pair = Some((f, pair_use));
-            }
+            let entry = kernels.get_mut(&name).ok_or_else(|| Error::Backend {
+                backend: "cuda",
+                source: format!("peer memory: {name}_pair stands in for no kernel").into(),
+            })?;
+            entry.pair = Some((
+                cache.function(ctx, &COLLECTIVES, &format!("{name}_pair"))?,
+                pair_use,
+            ));
         }
         let (major, _) = ctx.compute_capability().map_err(driver_error)?;
         let sms = ctx
