@@ -103,8 +103,10 @@ pub struct Inputs<'a> {
 /// itself in graph replay: every call is a kernel, and its launch and end are no part of
 /// the link's figures. Ranks sharing a GPU: the kernel of two streams at once, added to
 /// "both ways" where the message goes as data and a flag (streamed, reading while writing),
-/// else to the shared floor; a GPU per rank: one stream's kernel and the floor. `None`
-/// where the probe did not time the kernel.
+/// else to the shared floor; or, where the probe timed it and it is more, the handshake
+/// (a kernel a call that hears from the other rank once: the kernel and the flag's trip
+/// timed together) added to the same bound less its flag's trip. A GPU per rank: one
+/// stream's kernel and the floor. `None` where the probe did not time the kernel.
 fn floor_with_kernel(inputs: &Inputs<'_>, bytes: usize) -> Option<f64> {
     let f = inputs.floors;
     let from = inputs.flagged_from;
@@ -113,7 +115,8 @@ fn floor_with_kernel(inputs: &Inputs<'_>, bytes: usize) -> Option<f64> {
             .both_ways(bytes, from)
             .or_else(|| f.one_shot_shared(bytes, from).map(|t| t.total()))
             .unwrap_or_else(|| f.one_shot(bytes, from).total());
-        (f.kernel_pair_us > 0.0).then_some(f.kernel_pair_us + bound)
+        let handshake = f.handshake_us + bound - f.flag_ns / 1e3;
+        (f.kernel_pair_us > 0.0).then(|| (f.kernel_pair_us + bound).max(handshake))
     } else {
         (f.kernel_us > 0.0).then(|| f.kernel_us + f.one_shot(bytes, from).total())
     }
@@ -186,6 +189,15 @@ pub fn table(inputs: &Inputs<'_>) -> String {
                 "\"floor\""
             }
         );
+        if inputs.ranks_share_a_gpu && f.handshake_us > 0.0 {
+            let _ = writeln!(
+                s,
+                "  or, where more: a handshake (a kernel a call on each of two streams that \
+                 hears from the other once through host memory, graphs) {:.2} us, added to the \
+                 same floor less its flag's trip",
+                f.handshake_us
+            );
+        }
     }
     let _ = writeln!(s);
     let shared = f.pairs_probed();
@@ -341,6 +353,7 @@ mod tests {
             }],
             kernel_us: 0.0,
             kernel_pair_us: 0.0,
+            handshake_us: 0.0,
         }
     }
 
@@ -457,6 +470,29 @@ mod tests {
         assert!(
             !graph_table(&floors_of_40k(4.0, 3.5, 5.0), &[(8, 5.0)]).contains("with the kernel")
         );
+    }
+
+    #[test]
+    fn a_handshake_slower_than_kernel_and_flag_apart_raises_the_floor_with_the_kernel() {
+        let floors = Floors {
+            kernel_us: 1.0,
+            kernel_pair_us: 1.5,
+            handshake_us: 4.5,
+            ..floors_of_40k(4.0, 3.5, 5.0)
+        };
+        let with = |floors: &Floors| graph_table(floors, &[(8, 5.0), (40_000, 10.5)]);
+        let text = with(&floors);
+        // Flagged: the handshake 4.5 + both ways less the flag (7 - 2), above 1.5 + 7.
+        assert!(text.contains("| 7.00 | 1.50 | 9.50 | 1.11 |\n"), "{text}");
+        // Lamport: 4.5 + the shared floor less the flag (~0), above 1.5 + 2.
+        assert!(text.contains("| 4.50 | 1.11 |\n"), "{text}");
+        assert!(text.contains("a handshake"), "{text}");
+        // Where the handshake is less than the two apart, they stay the floor.
+        let text = with(&Floors {
+            handshake_us: 2.0,
+            ..floors.clone()
+        });
+        assert!(text.contains("| 7.00 | 1.50 | 8.50 | 1.24 |\n"), "{text}");
     }
 
     #[test]

@@ -32,7 +32,10 @@
 //!   the GPU's reads wait behind its own writes to host memory, the load grows with them;
 //! - **kernel**: an empty kernel in graph replay, launched as the peer kernels are, on one
 //!   stream and on each of two streams at once (`launch-cost`'s concurrent graphs): what a
-//!   call's kernel costs by itself, which no move above counts.
+//!   call's kernel costs by itself, which no move above counts;
+//! - **handshake**: graphs of kernels that do nothing but hear from the other stream once
+//!   through host memory (`launch-cost`'s handshakes), on two streams replaying at once:
+//!   the least a call of two ranks sharing the GPU costs, kernel and flag together.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -351,6 +354,10 @@ pub struct Report {
     pub kernel_us: f64,
     /// See `kernel_us`.
     pub kernel_pair_us: f64,
+    /// A call of two streams that hear from each other once through host memory, in graph
+    /// replay, without and with a fence after each flag (per call of the two, us); or why
+    /// it failed.
+    pub handshakes: Result<Vec<crate::launch_cost::Handshake>>,
 }
 
 /// The loads of [`Burst`] (`probe_ld4_as` in `host_probe.cu`).
@@ -600,6 +607,7 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
         });
     }
     let (kernel_us, kernel_pair_us) = empty_kernels(ordinal)?;
+    let handshakes = handshakes(&gpu);
     Ok(Report {
         host_load_ns,
         device_load_ns,
@@ -610,7 +618,17 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
         bursts,
         kernel_us,
         kernel_pair_us,
+        handshakes,
     })
+}
+
+/// [`crate::launch_cost::handshakes`] with flags in a shared-memory file registered with the
+/// driver, as comm-symm's host backing maps its heap, a line each, far apart.
+fn handshakes(gpu: &Gpu) -> Result<Vec<crate::launch_cost::Handshake>> {
+    let flags = Pinned::registered(gpu.ctx(), PAGE)?;
+    let at = flags.device(gpu.ctx())?;
+    let ordinal = gpu.ctx().ordinal();
+    crate::launch_cost::handshakes(ordinal, [at, at + PAGE as u64 / 2], 200, (1, THREADS))
 }
 
 /// What an all-reduce's kernel costs by itself in graph replay: an empty kernel of one
@@ -923,6 +941,10 @@ pub struct Floors {
     /// The same with two streams replaying at once, per kernel of each, us (0: not measured).
     #[serde(default)]
     pub kernel_pair_us: f64,
+    /// A call of two streams that hear from each other once through host memory (graphs,
+    /// the faster of without and with a fence), us (0: not measured).
+    #[serde(default)]
+    pub handshake_us: f64,
 }
 
 /// The fastest read and write of one message size (us).
@@ -1021,6 +1043,12 @@ impl Floors {
             moves,
             kernel_us: report.kernel_us,
             kernel_pair_us: report.kernel_pair_us,
+            handshake_us: report.handshakes.as_ref().map_or(0.0, |h| {
+                h.iter()
+                    .map(|h| h.per_call_us)
+                    .min_by(f64::total_cmp)
+                    .unwrap_or(0.0)
+            }),
         })
     }
 
@@ -1161,6 +1189,7 @@ mod tests {
             ],
             kernel_us: 0.0,
             kernel_pair_us: 0.0,
+            handshake_us: 0.0,
         }
     }
 
@@ -1285,10 +1314,21 @@ mod tests {
             bursts: Vec::new(),
             kernel_us: 1.6,
             kernel_pair_us: 2.2,
+            handshakes: Ok(vec![
+                crate::launch_cost::Handshake {
+                    fence: false,
+                    per_call_us: 3.1,
+                },
+                crate::launch_cost::Handshake {
+                    fence: true,
+                    per_call_us: 2.9,
+                },
+            ]),
         };
         let f = Floors::from_report(&report).unwrap();
         assert_eq!(f.flag_ns, 1800.0);
         assert_eq!((f.kernel_us, f.kernel_pair_us), (1.6, 2.2));
+        assert_eq!(f.handshake_us, 2.9, "the faster handshake");
         assert_eq!(f.fence_ns, 990.0);
         assert_eq!(f.moves.len(), 1);
         assert_eq!((f.moves[0].read_us, f.moves[0].write_us), (2.6, 1.9));

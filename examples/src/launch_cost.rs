@@ -8,7 +8,9 @@
 //! capture query `SelectComm` makes per call. For each it reports the host's time per call,
 //! the GPU's time per call when `calls` are enqueued back to back, and the median GPU time
 //! of one call framed by two events. [`concurrent`] adds what a kernel costs when several
-//! streams replay graphs at once, as ranks that are threads sharing a GPU do.
+//! streams replay graphs at once, as ranks that are threads sharing a GPU do, and
+//! [`handshakes`] what a call costs that also hears from the other stream once through host
+//! memory (`host-probe` runs it).
 
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
@@ -22,7 +24,9 @@ use comm_core::{RawStream, Result};
 
 use crate::perf::sweep::event_times;
 
+mod handshake;
 mod streams;
+pub use handshake::{Handshake, handshakes};
 pub use streams::{Concurrent, concurrent};
 
 /// The empty kernels.

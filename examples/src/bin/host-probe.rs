@@ -103,6 +103,19 @@ fn main() -> ExitCode {
          stream, {:.2} us each with two streams replaying at once",
         report.kernel_us, report.kernel_pair_us
     );
+    match &report.handshakes {
+        Ok(h) => {
+            for h in h {
+                println!(
+                    "a call of two streams that hear from each other once through host memory \
+                     (graphs, {} fence after the flag): {:.2} us",
+                    if h.fence { "a" } else { "no" },
+                    h.per_call_us
+                );
+            }
+        }
+        Err(e) => println!("handshake: {e}"),
+    }
     for p in &report.pingpongs {
         let between = if p.two_gpus {
             "two GPUs"

@@ -10,7 +10,9 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use comm_core::Result;
-use comm_core::cuda::cudarc::driver::{CudaFunction, CudaGraph, CudaStream, result, sys};
+use comm_core::cuda::cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaStream, result, sys,
+};
 use comm_core::cuda::{DeviceMemory, KernelCache, device_count, driver_error, launch_overlapping};
 
 use super::{LAUNCH_PROBE, ProbeArgs};
@@ -54,12 +56,7 @@ pub fn concurrent(
     let pool = (0..most)
         .map(|_| ctx.new_stream().map_err(driver_error))
         .collect::<Result<Vec<_>>>()?;
-    let events = (0..=REPLAYS)
-        .map(|_| {
-            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(driver_error)
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let replays = Replays::new(&ctx)?;
     let mut out = Vec::new();
     for &grid in grids {
         for overlapping in [false, true] {
@@ -70,17 +67,7 @@ pub fn concurrent(
                     .iter()
                     .map(|s| crate::graph::capture(s, || enqueue(f, overlapping, grid, kernels, s)))
                     .collect::<Result<Vec<_>>>()?;
-                // The first round uploads the graphs.
-                round(active, &graphs)?;
-                let s0 = &active[0];
-                events[0].record(s0).map_err(driver_error)?;
-                for e in &events[1..] {
-                    round(active, &graphs)?;
-                    e.record(s0).map_err(driver_error)?;
-                }
-                s0.synchronize().map_err(driver_error)?;
-                let round_time = median(&mut event_times(&events)?);
-                let per_round_us = round_time.as_secs_f64() * 1e6 / kernels.max(1) as f64;
+                let per_round_us = replays.per_kernel_us(active, &graphs, kernels)?;
                 out.push(Concurrent {
                     streams: active.len(),
                     overlapping,
@@ -92,6 +79,44 @@ pub fn concurrent(
         }
     }
     Ok(out)
+}
+
+/// Events around timed rounds of replays.
+pub(super) struct Replays {
+    events: Vec<CudaEvent>,
+}
+
+impl Replays {
+    pub(super) fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let events = (0..=REPLAYS)
+            .map(|_| {
+                ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(driver_error)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Replays { events })
+    }
+
+    /// Replays `graphs` (one a stream, of `kernels` kernels each) in [`REPLAYS`] timed rounds
+    /// after one that uploads them, and returns the median round's GPU time per kernel of a
+    /// graph, us. Every stream's work is done when it returns.
+    pub(super) fn per_kernel_us(
+        &self,
+        streams: &[Arc<CudaStream>],
+        graphs: &[CudaGraph],
+        kernels: usize,
+    ) -> Result<f64> {
+        round(streams, graphs)?;
+        let s0 = &streams[0];
+        self.events[0].record(s0).map_err(driver_error)?;
+        for e in &self.events[1..] {
+            round(streams, graphs)?;
+            e.record(s0).map_err(driver_error)?;
+        }
+        s0.synchronize().map_err(driver_error)?;
+        let round_time = median(&mut event_times(&self.events)?);
+        Ok(round_time.as_secs_f64() * 1e6 / kernels.max(1) as f64)
+    }
 }
 
 /// Every stream replays its graph, all starting after the first stream's work so far; the
