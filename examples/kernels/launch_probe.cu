@@ -26,7 +26,8 @@ extern "C" __global__ void launch_probe_overlap(LaunchProbeArgs a) {
 // stream). Thread 0 counts its calls in device memory (words[0]), stores the count into its
 // own flag (words[1], host memory), with a system fence after it where words[3] != 0, and
 // polls the peer's flag (words[2]) until it holds the count; after words[4] ns it gives up
-// and sets the counter's second word, so that a dead peer ends the probe with an error.
+// and sets the counter's second word, so that a dead peer ends the probe with an error
+// (and the calls after it at once).
 __device__ __forceinline__ unsigned long long launch_probe_now() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -42,6 +43,7 @@ extern "C" __global__ void launch_probe_handshake(LaunchProbeArgs a) {
     unsigned long long* calls = reinterpret_cast<unsigned long long*>(a.words[0]);
     volatile unsigned long long* mine = reinterpret_cast<volatile unsigned long long*>(a.words[1]);
     volatile unsigned long long* peer = reinterpret_cast<volatile unsigned long long*>(a.words[2]);
+    if (calls[1] != 0) return;  // an earlier call gave up: no peer to wait for
     const unsigned long long n = calls[0] + 1;
     calls[0] = n;
     *mine = n;

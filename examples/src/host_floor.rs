@@ -198,6 +198,18 @@ pub fn table(inputs: &Inputs<'_>) -> String {
                 f.handshake_us
             );
         }
+        if inputs.ranks_share_a_gpu && f.handshake_us > 0.0 && f.handshake_framed_us > 0.0 {
+            let _ = writeln!(
+                s,
+                "  the handshake launched eagerly by two threads, as ours are: framed by events \
+                 {:.2} us ({:+.2} over its graphs), back to back {:.2} us ({:+.2}): what any \
+                 eager call of these ranks pays over a graph replay",
+                f.handshake_framed_us,
+                f.handshake_framed_us - f.handshake_us,
+                f.handshake_back_to_back_us,
+                f.handshake_back_to_back_us - f.handshake_us
+            );
+        }
     }
     let _ = writeln!(s);
     let shared = f.pairs_probed();
@@ -354,6 +366,8 @@ mod tests {
             kernel_us: 0.0,
             kernel_pair_us: 0.0,
             handshake_us: 0.0,
+            handshake_framed_us: 0.0,
+            handshake_back_to_back_us: 0.0,
         }
     }
 
@@ -478,6 +492,8 @@ mod tests {
             kernel_us: 1.0,
             kernel_pair_us: 1.5,
             handshake_us: 4.5,
+            handshake_framed_us: 9.0,
+            handshake_back_to_back_us: 5.0,
             ..floors_of_40k(4.0, 3.5, 5.0)
         };
         let with = |floors: &Floors| graph_table(floors, &[(8, 5.0), (40_000, 10.5)]);
@@ -487,6 +503,12 @@ mod tests {
         // Lamport: 4.5 + the shared floor less the flag (~0), above 1.5 + 2.
         assert!(text.contains("| 4.50 | 1.11 |\n"), "{text}");
         assert!(text.contains("a handshake"), "{text}");
+        assert!(
+            text.contains(
+                "framed by events 9.00 us (+4.50 over its graphs), back to back 5.00 us (+0.50)"
+            ),
+            "{text}"
+        );
         // Where the handshake is less than the two apart, they stay the floor.
         let text = with(&Floors {
             handshake_us: 2.0,

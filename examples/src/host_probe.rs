@@ -35,7 +35,8 @@
 //!   call's kernel costs by itself, which no move above counts;
 //! - **handshake**: graphs of kernels that do nothing but hear from the other stream once
 //!   through host memory (`launch-cost`'s handshakes), on two streams replaying at once:
-//!   the least a call of two ranks sharing the GPU costs, kernel and flag together.
+//!   the least a call of two ranks sharing the GPU costs, kernel and flag together; and the
+//!   same kernel launched eagerly by two threads, framed by events and back to back.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -358,6 +359,9 @@ pub struct Report {
     /// replay, without and with a fence after each flag (per call of the two, us); or why
     /// it failed.
     pub handshakes: Result<Vec<crate::launch_cost::Handshake>>,
+    /// The same call launched eagerly by two threads, framed by events and back to back; or
+    /// why it failed.
+    pub eager_handshake: Result<crate::launch_cost::EagerHandshake>,
 }
 
 /// The loads of [`Burst`] (`probe_ld4_as` in `host_probe.cu`).
@@ -607,7 +611,8 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
         });
     }
     let (kernel_us, kernel_pair_us) = empty_kernels(ordinal)?;
-    let handshakes = handshakes(&gpu);
+    let flags = Pinned::registered(gpu.ctx(), PAGE)?;
+    let (handshakes, eager_handshake) = handshakes(&gpu, &flags);
     Ok(Report {
         host_load_ns,
         device_load_ns,
@@ -619,16 +624,35 @@ pub fn measure(ordinal: usize, sizes: &[usize], grids: &[u32], reps: usize) -> R
         kernel_us,
         kernel_pair_us,
         handshakes,
+        eager_handshake,
     })
 }
 
-/// [`crate::launch_cost::handshakes`] with flags in a shared-memory file registered with the
-/// driver, as comm-symm's host backing maps its heap, a line each, far apart.
-fn handshakes(gpu: &Gpu) -> Result<Vec<crate::launch_cost::Handshake>> {
-    let flags = Pinned::registered(gpu.ctx(), PAGE)?;
-    let at = flags.device(gpu.ctx())?;
+/// [`crate::launch_cost::handshakes`] and [`crate::launch_cost::eager_handshakes`] with
+/// flags in `flags`, a shared-memory file registered with the driver as comm-symm's host
+/// backing maps its heap: a line each, the two ranks' half a page apart.
+fn handshakes(
+    gpu: &Gpu,
+    flags: &Pinned,
+) -> (
+    Result<Vec<crate::launch_cost::Handshake>>,
+    Result<crate::launch_cost::EagerHandshake>,
+) {
+    let at = match flags.device(gpu.ctx()) {
+        Ok(at) => at,
+        Err(e) => {
+            let eager = Err(Error::Aborted(format!("the handshake's flags: {e}")));
+            return (Err(e), eager);
+        }
+    };
     let ordinal = gpu.ctx().ordinal();
-    crate::launch_cost::handshakes(ordinal, [at, at + PAGE as u64 / 2], 200, (1, THREADS))
+    let (grid, half) = ((1, THREADS), PAGE as u64 / 2);
+    // Graphs use the first two lines of each half (without and with a fence), eager calls
+    // the third.
+    let graphs = crate::launch_cost::handshakes(ordinal, [at, at + half], 200, grid);
+    let eager =
+        crate::launch_cost::eager_handshakes(ordinal, [at + 128, at + half + 128], 200, grid);
+    (graphs, eager)
 }
 
 /// What an all-reduce's kernel costs by itself in graph replay: an empty kernel of one
@@ -945,6 +969,13 @@ pub struct Floors {
     /// the faster of without and with a fence), us (0: not measured).
     #[serde(default)]
     pub handshake_us: f64,
+    /// That call launched eagerly by two threads, each framed by events (the median), us (0:
+    /// not measured).
+    #[serde(default)]
+    pub handshake_framed_us: f64,
+    /// The same, calls enqueued back to back, per call, us (0: not measured).
+    #[serde(default)]
+    pub handshake_back_to_back_us: f64,
 }
 
 /// The fastest read and write of one message size (us).
@@ -1049,6 +1080,11 @@ impl Floors {
                     .min_by(f64::total_cmp)
                     .unwrap_or(0.0)
             }),
+            handshake_framed_us: report.eager_handshake.as_ref().map_or(0.0, |e| e.framed_us),
+            handshake_back_to_back_us: report
+                .eager_handshake
+                .as_ref()
+                .map_or(0.0, |e| e.back_to_back_us),
         })
     }
 
@@ -1190,6 +1226,8 @@ mod tests {
             kernel_us: 0.0,
             kernel_pair_us: 0.0,
             handshake_us: 0.0,
+            handshake_framed_us: 0.0,
+            handshake_back_to_back_us: 0.0,
         }
     }
 
@@ -1324,11 +1362,19 @@ mod tests {
                     per_call_us: 2.9,
                 },
             ]),
+            eager_handshake: Ok(crate::launch_cost::EagerHandshake {
+                framed_us: 8.0,
+                back_to_back_us: 4.0,
+            }),
         };
         let f = Floors::from_report(&report).unwrap();
         assert_eq!(f.flag_ns, 1800.0);
         assert_eq!((f.kernel_us, f.kernel_pair_us), (1.6, 2.2));
         assert_eq!(f.handshake_us, 2.9, "the faster handshake");
+        assert_eq!(
+            (f.handshake_framed_us, f.handshake_back_to_back_us),
+            (8.0, 4.0)
+        );
         assert_eq!(f.fence_ns, 990.0);
         assert_eq!(f.moves.len(), 1);
         assert_eq!((f.moves[0].read_us, f.moves[0].write_us), (2.6, 1.9));

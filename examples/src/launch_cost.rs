@@ -26,7 +26,7 @@ use crate::perf::sweep::event_times;
 
 mod handshake;
 mod streams;
-pub use handshake::{Handshake, handshakes};
+pub use handshake::{EagerHandshake, Handshake, eager_handshakes, handshakes};
 pub use streams::{Concurrent, concurrent};
 
 /// The empty kernels.

@@ -116,6 +116,14 @@ fn main() -> ExitCode {
         }
         Err(e) => println!("handshake: {e}"),
     }
+    match &report.eager_handshake {
+        Ok(e) => println!(
+            "the same call launched eagerly by two threads: {:.2} us framed by events, {:.2} us \
+             back to back",
+            e.framed_us, e.back_to_back_us
+        ),
+        Err(e) => println!("eager handshake: {e}"),
+    }
     for p in &report.pingpongs {
         let between = if p.two_gpus {
             "two GPUs"
