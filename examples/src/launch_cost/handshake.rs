@@ -16,7 +16,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use comm_core::cuda::cudarc::driver::{CudaEvent, CudaFunction, CudaStream, sys};
+use comm_core::cuda::cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, sys};
 use comm_core::cuda::{DeviceMemory, DeviceOwned, KernelCache, driver_error, launch_overlapping};
 use comm_core::{DType, Error, Result};
 
@@ -47,10 +47,7 @@ pub fn handshakes(
     kernels: usize,
     grid: (u32, u32),
 ) -> Result<Vec<Handshake>> {
-    let memory = DeviceMemory::new(ordinal)?;
-    let ctx = memory.context().clone();
-    ctx.bind_to_thread().map_err(driver_error)?;
-    let f = KernelCache::global().function(&ctx, &LAUNCH_PROBE, "launch_probe_handshake")?;
+    let Probe { memory, ctx, f } = Probe::new(ordinal)?;
     let streams = [0, 1]
         .map(|_| ctx.new_stream().map_err(driver_error))
         .into_iter()
@@ -59,9 +56,7 @@ pub fn handshakes(
     let mut out = Vec::new();
     for fence in [false, true] {
         // Each measurement counts its calls from zero, in flags of its own.
-        let mut calls = memory.alloc(DType::I64, 4)?;
-        calls.write(&[0u8; 32])?;
-        let base = calls.buffer().device_ptr();
+        let (counters, base) = zeroed_counters(&memory)?;
         let flag_line = if fence { 64 } else { 0 };
         let graphs = (0..2)
             .map(|r| {
@@ -78,9 +73,8 @@ pub fn handshakes(
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        memory.synchronize()?;
         let per_call_us = replays.per_kernel_us(&streams, &graphs, kernels)?;
-        check_counters(&calls, "the handshake probe's flag of the other stream")?;
+        check_counters(&counters, "the handshake probe's flag of the other stream")?;
         out.push(Handshake { fence, per_call_us });
     }
     Ok(out)
@@ -110,14 +104,8 @@ pub fn eager_handshakes(
     calls: usize,
     grid: (u32, u32),
 ) -> Result<EagerHandshake> {
-    let memory = DeviceMemory::new(ordinal)?;
-    let ctx = memory.context().clone();
-    ctx.bind_to_thread().map_err(driver_error)?;
-    let f = KernelCache::global().function(&ctx, &LAUNCH_PROBE, "launch_probe_handshake")?;
-    let mut counters = memory.alloc(DType::I64, 4)?;
-    counters.write(&[0u8; 32])?;
-    let base = counters.buffer().device_ptr();
-    memory.synchronize()?;
+    let Probe { memory, ctx, f } = Probe::new(ordinal)?;
+    let (counters, base) = zeroed_counters(&memory)?;
     let calls = calls.max(1);
     // Everything that may fail before the threads meet is made here, so that neither waits
     // at the barrier for a thread that has already failed.
@@ -219,6 +207,33 @@ impl EagerCalls<'_> {
     }
 }
 
+/// The handshake kernel on GPU `ordinal`, its context bound to this thread.
+struct Probe {
+    memory: DeviceMemory,
+    ctx: Arc<CudaContext>,
+    f: CudaFunction,
+}
+
+impl Probe {
+    fn new(ordinal: usize) -> Result<Self> {
+        let memory = DeviceMemory::new(ordinal)?;
+        let ctx = memory.context().clone();
+        ctx.bind_to_thread().map_err(driver_error)?;
+        let f = KernelCache::global().function(&ctx, &LAUNCH_PROBE, "launch_probe_handshake")?;
+        Ok(Probe { memory, ctx, f })
+    }
+}
+
+/// The two ranks' call counters (two words each: calls, gave up), zeroed before any
+/// kernel reads them, and their device address.
+fn zeroed_counters(memory: &DeviceMemory) -> Result<(DeviceOwned, u64)> {
+    let mut counters = memory.alloc(DType::I64, 4)?;
+    counters.write(&[0u8; 32])?;
+    memory.synchronize()?;
+    let base = counters.buffer().device_ptr();
+    Ok((counters, base))
+}
+
 /// `Err(Timeout)` waiting for `what` where a kernel counting its calls in `counters` (two
 /// words a rank: calls, gave up) gave up.
 fn check_counters(counters: &DeviceOwned, what: &str) -> Result<()> {
@@ -246,7 +261,7 @@ fn words(calls: u64, mine: u64, peer: u64, fence: bool) -> [u64; 32] {
     w
 }
 
-/// `kernels` handshakes on `stream` (being captured).
+/// `kernels` handshakes on `stream` (eagerly, or into the graph it is capturing).
 fn enqueue(
     f: &CudaFunction,
     mut args: ProbeArgs,
