@@ -440,6 +440,16 @@ __device__ void peer_oneshot_streamed(const PeerArgs& a, const PeerCtx& c, uint6
             }
         };
         const uint64_t first_v = peer_stream_first<TAPERED>(a, nvec);
+        // Two ranks on one link take turns to write first: the rank other than seq % 2
+        // holds its writers back until the peer's chunk a.late_chunk - 1 is flagged, its
+        // readers taking in the peer's first chunks meanwhile (see Streamed::late_chunk).
+        if (TAPERED && a.late_chunk != 0 && world == 2 && me != (c.seq & 1u)) {
+            if (threadIdx.x == 0 && !*c.dead)
+                peer_wait_value(a, c, &peer_pad(c, me)->flags[0][a.late_chunk - 1u][1u - me], value,
+                                PEER_TIMEOUT_BARRIER, 0, 1u - me);
+            __syncthreads();
+            if (*c.dead) return;
+        }
         for (uint64_t k = blockIdx.x - readers; k < chunks; k += a.writers) {
             const uint64_t from = TAPERED ? peer_tapered_start(a, k) : k * cv;
             const uint64_t to = TAPERED ? peer_tapered_end(a, k, nvec) : from + cv < nvec ? from + cv : nvec;

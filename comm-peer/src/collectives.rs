@@ -331,6 +331,11 @@ impl PeerComm {
                                 writers: streamed.writers,
                                 taper_vecs,
                                 taper_big,
+                                late_chunk: streamed.late_chunk(
+                                    chunk.bytes,
+                                    world,
+                                    self.group.sharing() > 1,
+                                ),
                                 ..args
                             },
                         )

@@ -110,6 +110,13 @@ pub(crate) fn fused_grid(
     }
 }
 
+/// Where two ranks share one link, the chunk of the first writer whose flag lets the later
+/// writer start (with chunks of 128 KiB it ends 576 KiB in). At 1 MiB a wait for chunk 2
+/// gained less, for chunk 5 nothing, and for chunk 7 it lost 9% (BENCHMARKS.md, "turns").
+const TURN_AFTER_CHUNK: usize = 4;
+/// The least message that takes turns ([`Streamed::late_chunk`]).
+const TURNS_FROM: usize = 1 << 20;
+
 /// How a streamed one-shot push over host memory (the kernel's `peer_oneshot_streamed`)
 /// runs one launch: the message cut into chunks of `chunk` bytes (a multiple of 16), which
 /// `writers` blocks store into the peers, each chunk followed by its flag, and `readers`
@@ -218,6 +225,26 @@ impl Streamed {
             .map_or((0, 0), |(small, big)| ((small / 16) as u32, big))
     }
 
+    /// Where two ranks share one link (their GPU's), the tapered push's turns: on every
+    /// other call a rank holds its writers back until the peer has flagged its chunk
+    /// [`TURN_AFTER_CHUNK`] (the kernel's `late_chunk` is one more; 0: no turns).
+    /// Meanwhile its readers take in the peer's first chunks, which then cross the link
+    /// alone. From 1 MiB: at 768 KiB (chunks of 96 KiB) the turns lost 2% on an H200 as
+    /// they gained 3% on an H100.
+    pub(crate) fn late_chunk(&self, bytes: usize, world: usize, one_link: bool) -> u32 {
+        match self.taper {
+            Some((_, big))
+                if world == 2
+                    && one_link
+                    && bytes >= TURNS_FROM
+                    && TURN_AFTER_CHUNK < big as usize =>
+            {
+                TURN_AFTER_CHUNK as u32 + 1
+            }
+            _ => 0,
+        }
+    }
+
     /// Blocks of the launch.
     pub(crate) fn blocks(&self) -> u32 {
         self.writers + self.readers
@@ -263,6 +290,27 @@ mod tests {
         assert_eq!((most, per_thread), (8, 4));
         // 42 KB of bf16 (2688 vectors) through host memory: two blocks of 512 threads.
         assert_eq!(blocks(2688usize.div_ceil(per_thread), 512, most), 2);
+    }
+
+    #[test]
+    fn two_ranks_on_one_link_take_turns_after_the_peers_first_chunks() {
+        const KIB: usize = 1 << 10;
+        let late = |bytes, world, one_link| {
+            Streamed::of(bytes, 44)
+                .unwrap()
+                .late_chunk(bytes, world, one_link)
+        };
+        // From 1 MiB (64 KiB, then 128 KiB chunks): the later writer waits for the peer's
+        // chunk TURN_AFTER_CHUNK, which ends 576 KiB in.
+        let turn = TURN_AFTER_CHUNK as u32 + 1;
+        for bytes in [1 << 20, 3 << 19, 2 << 20, 4 << 20, 8 << 20] {
+            assert_eq!(late(bytes, 2, true), turn, "{bytes}");
+        }
+        // Below 1 MiB, a GPU per rank, more ranks, or chunks of one size: no turns.
+        assert_eq!(late(768 * KIB, 2, true), 0);
+        assert_eq!(late(1 << 20, 2, false), 0);
+        assert_eq!(late(1 << 20, 3, true), 0);
+        assert_eq!(late(512 * KIB, 2, true), 0);
     }
 
     #[test]

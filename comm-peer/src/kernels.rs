@@ -88,6 +88,11 @@ pub(crate) struct PeerArgs {
     pub taper_vecs: u32,
     /// Its chunks of `part` bytes between the first small one and the last ones.
     pub taper_big: u32,
+    /// Two ranks on one link: 1 + the peer's chunk whose flag the call's later writer
+    /// waits for ([`Streamed::late_chunk`]; 0: none).
+    pub late_chunk: u32,
+    /// Unused: keeps the struct free of padding.
+    pub spare: u32,
 }
 
 /// A reducing kernel, per dtype and op: an all-reduce of an algorithm, the one-shot push
