@@ -112,7 +112,7 @@ pub(crate) fn fused_grid(
 
 /// Where two ranks share one link, the chunk of the first writer whose flag lets the later
 /// writer start (with chunks of 128 KiB it ends 576 KiB in). At 1 MiB a wait for chunk 2
-/// gained less, for chunk 5 nothing, and for chunk 7 it lost 9% (BENCHMARKS.md, "turns").
+/// gained less, and for chunks 5 and 7 it lost 1% and 9% (BENCHMARKS.md, "turns").
 const TURN_AFTER_CHUNK: usize = 4;
 /// The least message that takes turns ([`Streamed::late_chunk`]).
 const TURNS_FROM: usize = 1 << 20;
