@@ -492,6 +492,35 @@ mod tests {
     }
 
     #[test]
+    fn the_warmed_fields_touch_every_line_of_the_parameters() {
+        // peer_warm_args names one field per 64-byte line of PeerArgs; a struct that grows
+        // past them leaves its last line cold.
+        let src = include_str!("../kernels/peer_sync.cuh");
+        let kernel = fields(src, "struct PeerArgs {");
+        let body = &src[src.find("void peer_warm_args(").expect("peer_warm_args")..];
+        let body = &body[..body.find("\n}").expect("end of peer_warm_args")];
+        let mut offsets = std::collections::HashMap::new();
+        let mut at = 0;
+        for (name, bytes) in &kernel {
+            offsets.insert(name.as_str(), at);
+            at += bytes;
+        }
+        let mut lines = std::collections::BTreeSet::new();
+        for touch in body.split("a.").skip(1) {
+            let name: String = touch
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            let index = touch[name.len()..]
+                .strip_prefix('[')
+                .map_or(0, |i| i[..i.find(']').unwrap()].parse::<usize>().unwrap());
+            // Only `call` is an array: of 32-bit words.
+            lines.insert((offsets[name.as_str()] + 4 * index) / 64);
+        }
+        assert_eq!(lines, (0..at.div_ceil(64)).collect());
+    }
+
+    #[test]
     fn every_loaded_name_is_a_kernel_of_the_source() {
         let names = every_kernel_name();
         // 9 kernels by name, and per dtype (3) and op (4): 5 all-reduces, the one-shot local
