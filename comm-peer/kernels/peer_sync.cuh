@@ -750,9 +750,11 @@ __device__ __forceinline__ void peer_reset_old_mailboxes(const PeerArgs& a, cons
 // by its drain (and, where ranks share a GPU, the peers' data on the link). A small one
 // drains under the wait; issued late it holds up the end. One H200, two ranks on host
 // memory, graphs: issued in the epilogue it lost 0.45-0.7 us up to 20 KiB; issued after the
-// wait it won 0.3 us at 32 KiB, 0.55 at 42 KB and 1.0 at 64-80 KiB, and tied at 24 KiB.
-// (The fused op, whose threads wait row by row, resets early at every size: not measured.)
-#define PEER_LATE_RESET_BYTES (24u << 10)
+// wait it won 0.3 us at 32 KiB, 0.55 at 42 KB and 1.0 at 64-80 KiB, and tied at 24 KiB. One
+// H100, the same (2026-12-07): after the wait it won 0.36 us at 20 KiB and lost 0.23-0.26 at
+// 8-16 KiB. (The fused op, whose threads wait row by row, resets early at every size: not
+// measured.)
+#define PEER_LATE_RESET_BYTES (20u << 10)
 
 // Whether this call's one-shot push resets its peers' slots of the previous call late (see
 // PEER_LATE_RESET_BYTES), as far as the previous call goes: after its first wait, not
