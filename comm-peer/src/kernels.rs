@@ -493,8 +493,9 @@ mod tests {
 
     #[test]
     fn the_warmed_fields_touch_every_line_of_the_parameters() {
-        // peer_warm_args names one field per 64-byte line of PeerArgs; a struct that grows
-        // past them leaves its last line cold.
+        // peer_warm_args names a field in each 64-byte line of PeerArgs (some lines more
+        // than one); a struct that grows past them leaves its last line cold. Offsets are
+        // the sums of the sizes before: PeerArgs has no padding (its `spare` field).
         let src = include_str!("../kernels/peer_sync.cuh");
         let kernel = fields(src, "struct PeerArgs {");
         let body = &src[src.find("void peer_warm_args(").expect("peer_warm_args")..];
