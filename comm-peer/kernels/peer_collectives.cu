@@ -213,6 +213,7 @@ __device__ void peer_oneshot_lamport(const PeerArgs& a, const PeerCtx& c, uint64
     // is every thread's last (a vector each): later polls would queue behind it.
     const bool late = nvec <= peer_stride() && peer_resets_late(a, c);
     if (!late) peer_reset_old_mailboxes(a, c, PEER_RESET_PEERS);
+    if constexpr (!LOCAL) peer_hold_first_poll(a, nvec * 16);
     if constexpr (LOCAL) {
         // Every peer's slot, from a table in shared memory: computed where the waits use
         // it, the addresses would hold registers through them (and spill).
