@@ -4,6 +4,7 @@
 //! ```text
 //! gpu-bench --backend ipc|symm-cuda [--ranks 8] [--algo NAME,...] [--iters 1000] [--batch 20]
 //!           [--threads 512] [--max-blocks N] [--backing auto|vmm|ipc|host|host-vmm]
+//!           [--sizes 42K,64M] [--fused 3x7168,4096x8192]
 //! mpirun -np 2 gpu-bench --backend ipc --procs     # one rank per process (and GPU)
 //! ```
 //!
@@ -19,7 +20,8 @@ use comm_symm::cuda::Backing;
 
 const USAGE: &str = "usage: gpu-bench --backend ipc|symm-cuda [--ranks N | --procs] \
                      [--algo NAME,...] [--iters N] [--batch N] [--threads N] [--max-blocks N] \
-                     [--backing auto|vmm|ipc|host|host-vmm]";
+                     [--backing auto|vmm|ipc|host|host-vmm] [--sizes BYTES,...] \
+                     [--fused ROWSxHIDDEN,...]";
 
 fn main() -> ExitCode {
     comm_examples::launch::prefer_more_hardware_queues();
@@ -52,6 +54,8 @@ fn parse() -> Result<Option<Options>, String> {
         backing: Backing::Auto,
         threads: comm_peer::config::DEFAULT_THREADS,
         max_blocks: None,
+        sizes: comm_examples::gpu::bench::DEFAULT_SIZES.to_vec(),
+        fused: comm_examples::gpu::bench::DEFAULT_FUSED.to_vec(),
     };
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
@@ -67,6 +71,8 @@ fn parse() -> Result<Option<Options>, String> {
                 opts.max_blocks = Some(args::number(&mut parser, "--max-blocks")? as u32)
             }
             Long("backing") => opts.backing = args::backing(&mut parser)?,
+            Long("sizes") => opts.sizes = args::sizes(&mut parser)?,
+            Long("fused") => opts.fused = args::shapes(&mut parser)?,
             Short('h') | Long("help") => return Ok(None),
             other => return Err(other.unexpected().to_string()),
         }

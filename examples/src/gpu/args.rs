@@ -39,3 +39,48 @@ pub fn number(parser: &mut lexopt::Parser, what: &str) -> Result<usize, String> 
     v.parse()
         .map_err(|_| format!("{what}: a number, got `{v}`"))
 }
+
+/// `--sizes BYTES,...` (suffixes K, M, G: powers of 1024), each a whole number of bf16
+/// elements.
+pub fn sizes(parser: &mut lexopt::Parser) -> Result<Vec<usize>, String> {
+    let sizes = crate::perf::args::parse_sizes(&value(parser)?, None).map_err(|e| e.to_string())?;
+    sizes
+        .into_iter()
+        .map(|b| match usize::try_from(b) {
+            Ok(b) if b % 2 == 0 => Ok(b),
+            _ => Err(format!(
+                "--sizes: {b} bytes are not a whole number of bf16 elements"
+            )),
+        })
+        .collect()
+}
+
+/// `--fused ROWSxHIDDEN,...`: shapes of the fused op (`hidden` a non-zero multiple of 8).
+pub fn shapes(parser: &mut lexopt::Parser) -> Result<Vec<(usize, usize)>, String> {
+    value(parser)?.split(',').map(shape).collect()
+}
+
+fn shape(text: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("--fused: `{text}` is not ROWSxHIDDEN (hidden a non-zero multiple of 8)");
+    let (rows, hidden) = text.trim().split_once(['x', 'X']).ok_or_else(bad)?;
+    let rows: usize = rows.parse().map_err(|_| bad())?;
+    let hidden: usize = hidden.parse().map_err(|_| bad())?;
+    if rows == 0 || hidden == 0 || hidden % 8 != 0 {
+        return Err(bad());
+    }
+    Ok((rows, hidden))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shape;
+
+    #[test]
+    fn shapes_are_rows_by_a_hidden_of_eights() {
+        assert_eq!(shape("3x7168"), Ok((3, 7168)));
+        assert_eq!(shape(" 4096X8192 "), Ok((4096, 8192)));
+        for bad in ["3", "0x7168", "3x0", "3x7", "ax8", "3x8x8"] {
+            assert!(shape(bad).is_err(), "{bad} was taken");
+        }
+    }
+}

@@ -8,7 +8,9 @@
 //! replaying a CUDA graph of `batch` calls per rank (in-process: forked to the N streams and
 //! joined): median over `iters` replays, divided by `batch`; a graph of one call is timed
 //! too (it adds the graph launch). The fused all-reduce + residual + RMSNorm is timed the
-//! same way at 3 x 7168 (42 KB) and 4096 x 8192 (64 MiB), push and pull exchange.
+//! same way at 3 x 7168 (42 KB) and 4096 x 8192 (64 MiB), push and pull exchange. Other
+//! sizes and shapes: `Options::sizes` and `Options::fused`; from [`LARGE_BYTES`] a point
+//! is timed by 30 replays of one call.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +43,27 @@ pub struct Options {
     pub threads: u32,
     /// Most blocks per launch; `None`: the layer's default.
     pub max_blocks: Option<u32>,
+    /// All-reduce sizes, bytes of bf16.
+    pub sizes: Vec<usize>,
+    /// Shapes of the fused op, (rows, hidden).
+    pub fused: Vec<(usize, usize)>,
+}
+
+/// Default all-reduce sizes: a decode step's 42 KB and a bandwidth-bound 64 MiB.
+pub const DEFAULT_SIZES: [usize; 2] = [42 * 1024, 64 << 20];
+/// Default fused shapes: three rows of 7168 (42 KB) and 4096 rows of 8192 (64 MiB).
+pub const DEFAULT_FUSED: [(usize, usize); 2] = [(3, 7168), (4096, 8192)];
+/// Points of this many bytes and more are timed by 30 replays of one call (`iters` and
+/// `batch` apply below).
+pub const LARGE_BYTES: usize = 1 << 20;
+
+/// Replays and calls per replay for a point of `bytes`.
+fn replays(opts: &Options, bytes: usize) -> (usize, usize) {
+    if bytes >= LARGE_BYTES {
+        (30, 1)
+    } else {
+        (opts.iters, opts.batch)
+    }
 }
 
 /// The ranks this process drives.
@@ -114,20 +137,16 @@ pub fn run(opts: &Options) -> Result<bool> {
     let kernels = PatternKernels::load(&ctx)?;
     let mut ok = true;
     for &algo in &opts.algos {
-        for (bytes, it, b) in [
-            (42 * 1024usize, opts.iters, opts.batch),
-            (64usize << 20, 30, 1),
-        ] {
+        for &bytes in &opts.sizes {
+            let (it, b) = replays(opts, bytes);
             let r = measure_all_reduce(&ranks, &kernels, algo, bytes / 2, it, b)?;
             ok &= r.wrong == 0 && r.identical;
             print_row(&ranks, algo.name(), bytes, b, &r);
         }
     }
     for push in [true, false] {
-        for (rows, hidden, it, b) in [
-            (3usize, 7168usize, opts.iters, opts.batch),
-            (4096, 8192, 30, 1),
-        ] {
+        for &(rows, hidden) in &opts.fused {
+            let (it, b) = replays(opts, rows * hidden * 2);
             let r = measure_fused(&ranks, &kernels, push, rows, hidden, it, b)?;
             ok &= r.identical;
             let name = if push {
