@@ -171,7 +171,7 @@ __device__ bool peer_poll_agreeing(const PeerArgs& a, const PeerCtx& c, Box box,
 // this GPU's link), it brings back the sentinel and a second round trip follows. Held back
 // for part of the time the pushes take to cross (bytes / PEER_HOLD_BYTES_PER_CYCLE cycles),
 // the first poll waits no longer and finds the peer's data more often. Measured (one H100,
-// two ranks sharing it, graphs): 96-116 KiB 10% faster, 64 KiB level, 42 KB 0.1 us slower;
+// two ranks sharing it, graphs): 96-116 KiB 7-11% faster, 64 KiB level, 42 KB 0.1 us slower;
 // so only from PEER_HOLD_FROM bytes, and never in a grid of one block.
 #define PEER_HOLD_BYTES_PER_CYCLE 40
 #define PEER_HOLD_FROM (64u << 10)
