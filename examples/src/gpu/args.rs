@@ -43,7 +43,11 @@ pub fn number(parser: &mut lexopt::Parser, what: &str) -> Result<usize, String> 
 /// `--sizes BYTES,...` (suffixes K, M, G: powers of 1024), each a whole number of bf16
 /// elements.
 pub fn sizes(parser: &mut lexopt::Parser) -> Result<Vec<usize>, String> {
-    let sizes = crate::perf::args::parse_sizes(&value(parser)?, None).map_err(|e| e.to_string())?;
+    bf16_sizes(&value(parser)?)
+}
+
+fn bf16_sizes(spec: &str) -> Result<Vec<usize>, String> {
+    let sizes = crate::perf::args::parse_sizes(spec, None).map_err(|e| e.to_string())?;
     sizes
         .into_iter()
         .map(|b| match usize::try_from(b) {
@@ -73,7 +77,16 @@ fn shape(text: &str) -> Result<(usize, usize), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::shape;
+    use super::{bf16_sizes, shape};
+
+    #[test]
+    fn sizes_are_whole_bf16_elements() {
+        assert_eq!(bf16_sizes("42K,64M"), Ok(vec![42 * 1024, 64 << 20]));
+        assert_eq!(bf16_sizes("96K,8"), Ok(vec![8, 96 * 1024]));
+        for bad in ["3", "42K,7", "", "x"] {
+            assert!(bf16_sizes(bad).is_err(), "{bad} was taken");
+        }
+    }
 
     #[test]
     fn shapes_are_rows_by_a_hidden_of_eights() {
