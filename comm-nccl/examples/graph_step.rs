@@ -11,10 +11,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use comm_core::cuda::cudarc::driver::sys::{
-    CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
+use comm_core::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use comm_core::cuda::{
+    DeviceMemory, DeviceOwned, PatternKernels, driver_error, event_times, record_each,
+    timing_events,
 };
-use comm_core::cuda::{DeviceMemory, DeviceOwned, PatternKernels, driver_error};
 use comm_core::{Communicator, DType, Error, ReduceOp, Result, ThreadsBootstrap};
 use comm_nccl::NcclComm;
 
@@ -140,29 +141,12 @@ fn run(replays: usize) -> Result<()> {
 fn time_steps(
     memory: &DeviceMemory,
     replays: usize,
-    mut step: impl FnMut() -> Result<()>,
+    step: impl FnMut() -> Result<()>,
 ) -> Result<Duration> {
-    let stream = memory.stream();
-    let events = (0..=replays)
-        .map(|_| {
-            stream
-                .context()
-                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(driver_error)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    events[0].record(stream).map_err(driver_error)?;
-    for e in &events[1..] {
-        step()?;
-        e.record(stream).map_err(driver_error)?;
-    }
+    let events = timing_events(memory.context(), replays + 1)?;
+    record_each(memory.stream(), &events, step)?;
     memory.synchronize()?;
-    let mut times = events
-        .windows(2)
-        .map(|w| w[0].elapsed_ms(&w[1]).map_err(driver_error))
-        .collect::<Result<Vec<f32>>>()?;
-    times.sort_by(f32::total_cmp);
-    Ok(Duration::from_secs_f64(
-        f64::from(times[times.len() / 2]) / 1e3,
-    ))
+    let mut times = event_times(&events)?;
+    times.sort_unstable();
+    Ok(times[times.len() / 2])
 }

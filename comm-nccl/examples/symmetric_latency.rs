@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use comm_core::cuda::cudarc::driver::CudaStream;
-use comm_core::cuda::cudarc::driver::sys::{
-    CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
+use comm_core::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use comm_core::cuda::{
+    DeviceMemory, PatternKernels, driver_error, event_times, record_each, timing_events,
 };
-use comm_core::cuda::{DeviceMemory, PatternKernels, driver_error};
 use comm_core::{
     BufferMut, BufferRef, Communicator, DType, Error, ReduceOp, RegisteredBuffer, Result,
     ThreadsBootstrap,
@@ -185,28 +185,12 @@ fn run() -> Result<()> {
 }
 
 /// Median GPU time, µs, of `n` runs of `f`, each framed by events on `stream`.
-fn time_each(stream: &Arc<CudaStream>, n: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    let events = (0..=n)
-        .map(|_| {
-            stream
-                .context()
-                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(driver_error)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    events[0].record(stream).map_err(driver_error)?;
-    for e in &events[1..] {
-        f()?;
-        e.record(stream).map_err(driver_error)?;
-    }
+fn time_each(stream: &Arc<CudaStream>, n: usize, f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let events = timing_events(stream.context(), n + 1)?;
+    record_each(stream, &events, f)?;
     stream.synchronize().map_err(driver_error)?;
-    let times = events
-        .windows(2)
-        .map(|w| {
-            w[0].elapsed_ms(&w[1])
-                .map(|ms| f64::from(ms) * 1e3)
-                .map_err(driver_error)
-        })
-        .collect::<Result<Vec<f64>>>()?;
-    Ok(median(times))
+    let times = event_times(&events)?;
+    Ok(median(
+        times.iter().map(|t| t.as_secs_f64() * 1e6).collect(),
+    ))
 }

@@ -18,11 +18,10 @@ use std::time::{Duration, Instant};
 use comm_core::cuda::cudarc::driver::{CudaEvent, CudaFunction, result, sys};
 use comm_core::cuda::stream::{cu_stream, is_capturing};
 use comm_core::cuda::{
-    DeviceMemory, KernelCache, KernelSource, device_count, driver_error, launch_overlapping,
+    DeviceMemory, KernelCache, KernelSource, device_count, driver_error, event_times,
+    launch_overlapping, record_each, timing_event, timing_events,
 };
 use comm_core::{RawStream, Result};
-
-use crate::perf::sweep::event_times;
 
 mod handshake;
 mod streams;
@@ -148,12 +147,8 @@ pub fn measure(ordinal: usize, calls: usize) -> Result<Vec<Cost>> {
         overlap: cache.function(&ctx, &LAUNCH_PROBE, "launch_probe_overlap")?,
         args: ProbeArgs { words: [7; 32] },
     };
-    let event = || {
-        ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(driver_error)
-    };
-    let scratch = event()?;
-    let framed = (0..=calls).map(|_| event()).collect::<Result<Vec<_>>>()?;
+    let scratch = timing_event(&ctx)?;
+    let framed = timing_events(&ctx, calls + 1)?;
     let mut costs = Vec::new();
     for probe in Probe::ALL {
         for _ in 0..calls {
@@ -171,11 +166,9 @@ pub fn measure(ordinal: usize, calls: usize) -> Result<Vec<Cost>> {
         memory.synchronize()?;
         let back_to_back = event_times(&framed[..2])?[0];
         // Framed: an event after every call.
-        framed[0].record(memory.stream()).map_err(driver_error)?;
-        for e in &framed[1..] {
-            launcher.enqueue(probe, &scratch)?;
-            e.record(memory.stream()).map_err(driver_error)?;
-        }
+        record_each(memory.stream(), &framed, || {
+            launcher.enqueue(probe, &scratch)
+        })?;
         memory.synchronize()?;
         let mut each = event_times(&framed)?;
         each.sort();

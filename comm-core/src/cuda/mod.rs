@@ -19,6 +19,7 @@
 //!   previous kernel of its stream (programmatic dependent launch, sm_90+).
 //! - [`stream`]: raw stream handles, bounded waits (a wait that can give up) and whether a
 //!   stream is capturing a graph.
+//! - [`timing`]: events that time calls on a stream ([`record_each`], [`event_times`]).
 //! - [`kernels`]: the `.cu` registry ([`KernelSource`]), NVRTC compilation to cubin for the
 //!   running device's arch, and the memory + disk cache.
 //! - [`pattern`] / [`PatternKernels`]: deterministic test data made and checked on the
@@ -34,6 +35,7 @@ mod pattern_kernels;
 mod peer;
 pub mod probe;
 pub mod stream;
+pub mod timing;
 mod views;
 
 pub use buffer::DeviceBuffer;
@@ -45,6 +47,7 @@ pub use pattern_kernels::PatternKernels;
 pub use peer::enable_peer_access;
 pub use probe::{context, device_count};
 pub use stream::raw_stream;
+pub use timing::{event_times, record_each, timing_event, timing_events};
 
 /// The `cudarc` this crate is built against, so that dependants use the same types.
 pub use cudarc;

@@ -16,7 +16,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use comm_core::cuda::cudarc::driver::{CudaContext, CudaStream, result, sys};
-use comm_core::cuda::{DeviceBuffer, PatternKernels, context, driver_error, raw_stream};
+use comm_core::cuda::{
+    DeviceBuffer, PatternKernels, context, driver_error, event_times, raw_stream, record_each,
+    timing_events,
+};
 use comm_core::{Bootstrap, DType, Error, ReduceOp, Result, ThreadsBootstrap};
 use comm_peer::{Algorithm, PeerComm, PeerConfig};
 use comm_symm::cuda::Backing;
@@ -293,31 +296,17 @@ fn time_graph(
         Ok(())
     })?;
     graph.upload().map_err(driver_error)?;
+    let events = timing_events(ranks.peer(0).context(), iters + 1)?;
     ranks.line_up()?;
     for _ in 0..20.min(iters) {
         graph.launch().map_err(driver_error)?;
     }
-    let ctx = ranks.peer(0).context();
-    let events = (0..=iters)
-        .map(|_| {
-            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(driver_error)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    events[0].record(s0).map_err(driver_error)?;
-    for e in &events[1..] {
-        graph.launch().map_err(driver_error)?;
-        e.record(s0).map_err(driver_error)?;
-    }
+    record_each(s0, &events, || graph.launch().map_err(driver_error))?;
     ranks.peer(0).synchronize(raw_stream(s0))?;
-    let mut times: Vec<f64> = events
-        .windows(2)
-        .map(|w| {
-            w[0].elapsed_ms(&w[1])
-                .map(|ms| ms as f64 * 1e3)
-                .map_err(driver_error)
-        })
-        .collect::<Result<_>>()?;
+    let mut times: Vec<f64> = event_times(&events)?
+        .iter()
+        .map(|t| t.as_secs_f64() * 1e6)
+        .collect();
     ranks.line_up()?;
     Ok(median(&mut times) / batch as f64)
 }

@@ -16,13 +16,16 @@ use std::ffi::c_void;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use comm_core::cuda::cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, sys};
-use comm_core::cuda::{DeviceMemory, DeviceOwned, KernelCache, driver_error, launch_overlapping};
+use comm_core::cuda::cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream};
+use comm_core::cuda::{
+    DeviceMemory, DeviceOwned, KernelCache, driver_error, event_times, launch_overlapping,
+    record_each, timing_events,
+};
 use comm_core::{DType, Error, Result};
 
 use super::streams::Replays;
 use super::{LAUNCH_PROBE, ProbeArgs};
-use crate::perf::sweep::{event_times, median};
+use crate::perf::sweep::median;
 
 /// How long a kernel waits for the peer's flag before it gives up (far beyond any trip).
 const PATIENCE: Duration = Duration::from_secs(2);
@@ -112,12 +115,7 @@ pub fn eager_handshakes(
     let ranks = (0..2)
         .map(|r| {
             let stream = ctx.new_stream().map_err(driver_error)?;
-            let events = (0..=calls)
-                .map(|_| {
-                    ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                        .map_err(driver_error)
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let events = timing_events(&ctx, calls + 1)?;
             let args = ProbeArgs {
                 words: words(base + 16 * r as u64, flags[r], flags[1 - r], false),
             };
@@ -183,11 +181,7 @@ struct EagerCalls<'a> {
 impl EagerCalls<'_> {
     /// One call between each two of `events`: the median GPU time of one, us.
     fn framed(&self, events: &[CudaEvent]) -> Result<f64> {
-        events[0].record(self.stream).map_err(driver_error)?;
-        for e in &events[1..] {
-            self.enqueue(1)?;
-            e.record(self.stream).map_err(driver_error)?;
-        }
+        record_each(self.stream, events, || self.enqueue(1))?;
         self.stream.synchronize().map_err(driver_error)?;
         Ok(median(&mut event_times(events)?).as_secs_f64() * 1e6)
     }

@@ -11,12 +11,15 @@ use std::sync::Arc;
 
 use comm_core::Result;
 use comm_core::cuda::cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaStream, result, sys,
+    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaStream, result,
 };
-use comm_core::cuda::{DeviceMemory, KernelCache, device_count, driver_error, launch_overlapping};
+use comm_core::cuda::{
+    DeviceMemory, KernelCache, device_count, driver_error, event_times, launch_overlapping,
+    record_each, timing_events,
+};
 
 use super::{LAUNCH_PROBE, ProbeArgs};
-use crate::perf::sweep::{event_times, median};
+use crate::perf::sweep::median;
 
 /// Timed rounds of replays per measurement; the median is reported.
 const REPLAYS: usize = 5;
@@ -88,13 +91,9 @@ pub(super) struct Replays {
 
 impl Replays {
     pub(super) fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
-        let events = (0..=REPLAYS)
-            .map(|_| {
-                ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(driver_error)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Replays { events })
+        Ok(Replays {
+            events: timing_events(ctx, REPLAYS + 1)?,
+        })
     }
 
     /// Replays `graphs` (one a stream, of `kernels` kernels each) in [`REPLAYS`] timed rounds
@@ -108,11 +107,7 @@ impl Replays {
     ) -> Result<f64> {
         round(streams, graphs)?;
         let s0 = &streams[0];
-        self.events[0].record(s0).map_err(driver_error)?;
-        for e in &self.events[1..] {
-            round(streams, graphs)?;
-            e.record(s0).map_err(driver_error)?;
-        }
+        record_each(s0, &self.events, || round(streams, graphs))?;
         s0.synchronize().map_err(driver_error)?;
         let round_time = median(&mut event_times(&self.events)?);
         Ok(round_time.as_secs_f64() * 1e6 / kernels.max(1) as f64)

@@ -19,8 +19,6 @@
 mod device;
 mod graph;
 
-pub use device::event_times;
-
 use std::time::{Duration, Instant};
 
 use comm_core::{

@@ -9,11 +9,10 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Duration;
 
-use comm_core::cuda::cudarc::driver::sys::CUevent_flags;
 use comm_core::cuda::cudarc::driver::{CudaContext, CudaFunction, CudaGraph, result, sys};
 use comm_core::cuda::{
-    DeviceMemory, DeviceOwned, KernelCache, KernelSource, device_count, driver_error,
-    launch_overlapping,
+    DeviceMemory, DeviceOwned, KernelCache, KernelSource, device_count, driver_error, event_times,
+    launch_overlapping, record_each, timing_events,
 };
 use comm_core::{Bootstrap, Communicator, DType, Error, ReduceOp, Result, bf16, f16};
 
@@ -197,27 +196,18 @@ pub(super) fn time_replays(
     ctl: &dyn Bootstrap,
     cfg: &Config,
 ) -> Result<Duration> {
-    let stream = memory.stream();
+    // Made before the ranks line up, so that no rank starts its clock late.
+    let events = timing_events(memory.context(), cfg.steps + 1)?;
     for _ in 0..cfg.warmup {
         graph.launch().map_err(driver_error)?;
     }
     memory.synchronize()?;
     ctl.barrier()?;
-    let events = (0..=cfg.steps)
-        .map(|_| {
-            stream
-                .context()
-                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(driver_error)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    events[0].record(stream).map_err(driver_error)?;
-    for event in &events[1..] {
-        graph.launch().map_err(driver_error)?;
-        event.record(stream).map_err(driver_error)?;
-    }
+    record_each(memory.stream(), &events, || {
+        graph.launch().map_err(driver_error)
+    })?;
     memory.synchronize()?;
-    let mut times = crate::perf::sweep::event_times(&events)?;
+    let mut times = event_times(&events)?;
     Ok(crate::perf::sweep::median(&mut times))
 }
 

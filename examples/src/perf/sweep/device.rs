@@ -13,12 +13,14 @@
 //! output is the input), and the fingerprint of the result is taken from one copy to the
 //! host.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use comm_core::cuda::cudarc::driver::{CudaEvent, CudaStream, sys};
+use comm_core::cuda::cudarc::driver::CudaEvent;
 use comm_core::cuda::stream::wait_stream;
-use comm_core::cuda::{DeviceMemory, DeviceOwned, PatternKernels, device_count, driver_error};
+use comm_core::cuda::{
+    DeviceMemory, DeviceOwned, PatternKernels, device_count, driver_error, event_times,
+    record_each, timing_events,
+};
 use comm_core::{Collective, MemoryLocation, Result};
 use comm_select::Launch;
 
@@ -120,9 +122,7 @@ impl Run<'_> {
             Launch::Eager => iters,
             Launch::Graph => GRAPH_REPLAYS,
         };
-        let events = (0..=timed)
-            .map(|_| timing_event(memory.stream()))
-            .collect::<Result<Vec<_>>>()?;
+        let events = timing_events(memory.context(), timed + 1)?;
         // A capture cannot hold a backend's first-use setup: each placement is called
         // eagerly at least once before its graph is captured.
         let least_warmup = usize::from(self.launch == Launch::Graph);
@@ -217,14 +217,9 @@ impl Run<'_> {
         &self,
         memory: &DeviceMemory,
         events: &[CudaEvent],
-        mut enqueue: impl FnMut() -> Result<()>,
+        enqueue: impl FnMut() -> Result<()>,
     ) -> Result<Duration> {
-        let stream = memory.stream();
-        events[0].record(stream).map_err(driver_error)?;
-        for event in &events[1..] {
-            enqueue()?;
-            event.record(stream).map_err(driver_error)?;
-        }
+        record_each(memory.stream(), events, enqueue)?;
         self.drain(memory)?;
         Ok(median(&mut event_times(events)?))
     }
@@ -260,23 +255,4 @@ impl Run<'_> {
             || Ok(()),
         )
     }
-}
-
-fn timing_event(stream: &Arc<CudaStream>) -> Result<CudaEvent> {
-    stream
-        .context()
-        .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-        .map_err(driver_error)
-}
-
-/// The GPU times between consecutive recorded `events` (all must have completed).
-pub fn event_times(events: &[CudaEvent]) -> Result<Vec<Duration>> {
-    events
-        .windows(2)
-        .map(|w| {
-            w[0].elapsed_ms(&w[1])
-                .map(|ms| Duration::from_secs_f64(f64::from(ms) / 1e3))
-                .map_err(driver_error)
-        })
-        .collect()
 }
