@@ -1,8 +1,9 @@
 //! GPU time between events on a stream: how the benches, examples and probes time calls.
 //!
-//! Events are made before the timed work (making one may synchronise), recorded around each
-//! call with [`record_each`], and read with [`event_times`] once the stream has passed the
-//! last of them. Waiting for the stream is the caller's, so that each caller bounds it its
+//! Events are made before the timed work (so that making them never falls inside a timed
+//! span, nor delays one rank's first call behind its peers'), recorded around each call with
+//! [`record_each`], and read with [`event_times`] once the stream has passed the last of
+//! them. Waiting for the stream is the caller's, so that each caller bounds it its
 //! own way.
 
 use std::sync::Arc;
